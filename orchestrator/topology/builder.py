@@ -1,0 +1,136 @@
+"""`TopologyBuilder`: the small vocabulary the per-kind modules use to describe a network."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import replace
+from typing import Callable, Iterable
+
+from orchestrator.errors import TopologyError
+from orchestrator.topology.model import (
+    BRIDGE,
+    IFNAMSIZ,
+    Endpoint,
+    Interface,
+    Kind,
+    Link,
+    NextHop,
+    Node,
+    Route,
+    Topology,
+)
+
+
+MAX_SERVERS = 4096  # beyond this no single machine emulates a lab, and tables grow as N^2
+
+
+class TopologyBuilder:
+    def __init__(self, kind: str, params: dict) -> None:
+        self.kind = kind
+        self.params = params
+        self.nodes: dict[str, Node] = {}
+        self.links: list[Link] = []
+        self.routes: dict[str, list[Route]] = {}
+        self._neighbour_hop: dict[tuple[str, str], NextHop] = {}
+
+    # -- nodes ------------------------------------------------------------------------------
+    def server(self, name: str, forwards: bool = False, **attrs) -> Node:
+        return self._add(Node(name, "server", "host", forwards=forwards, attrs=attrs))
+
+    def switch(self, name: str, kind: Kind, **attrs) -> Node:
+        node = self._add(Node(name, "switch", kind, forwards=kind == "l3", attrs=attrs))
+        if kind == "l2":
+            self.bridge(name)
+        return node
+
+    def _add(self, node: Node) -> Node:
+        if node.name in self.nodes:
+            raise TopologyError(f"duplicate node name {node.name!r}")
+        self.nodes[node.name] = node
+        return node
+
+    def bridge(self, node: str, address: ipaddress.IPv4Interface | None = None) -> None:
+        """Give `node` its bridge (an l2 switch's crossbar, or an l3 switch's access LAN)."""
+        self._interface(node, Interface(BRIDGE, address=address, is_bridge=True))
+
+    def _interface(self, node: str, iface: Interface) -> None:
+        interfaces = self.nodes[node].interfaces
+        if iface.name in interfaces:
+            raise TopologyError(f"duplicate interface {iface.name!r} on {node}")
+        interfaces[iface.name] = iface
+
+    # -- links ------------------------------------------------------------------------------
+    def next_ifname(self, node: str) -> str:
+        ports = [i for i in self.nodes[node].interfaces.values() if not i.is_bridge]
+        return f"{node}-eth{len(ports)}"
+
+    def link(
+        self,
+        a: str,
+        b: str,
+        a_address: ipaddress.IPv4Interface | None = None,
+        b_address: ipaddress.IPv4Interface | None = None,
+        a_ifname: str | None = None,
+        b_ifname: str | None = None,
+        level: int | None = None,
+    ) -> Link:
+        """A wire between `a` and `b`. A port of an l2 switch joins its bridge by itself."""
+        ends = []
+        for node, address, ifname in ((a, a_address, a_ifname), (b, b_address, b_ifname)):
+            name = ifname or self.next_ifname(node)
+            master = BRIDGE if self.nodes[node].kind == "l2" else None
+            self._interface(node, Interface(name, address=address, master=master, level=level))
+            ends.append(Endpoint(node, name))
+        link = Link(ends[0], ends[1])
+        self.links.append(link)
+        for here, there in ((link.a, link.b), (link.b, link.a)):
+            far = self.nodes[there.node].interfaces[there.interface].address
+            self._neighbour_hop[(here.node, there.node)] = NextHop(
+                here.interface, far.ip if far is not None else None
+            )
+        return link
+
+    def enslave(self, node: str, ifname: str) -> None:
+        """Put port `ifname` of `node` into the node's bridge (an l3 switch's access port)."""
+        interfaces = self.nodes[node].interfaces
+        interfaces[ifname] = replace(interfaces[ifname], master=BRIDGE)
+
+    # -- routes -----------------------------------------------------------------------------
+    def hop(self, node: str, neighbour: str) -> NextHop:
+        """The next hop from `node` straight to a directly wired `neighbour`."""
+        try:
+            return self._neighbour_hop[(node, neighbour)]
+        except KeyError:
+            raise TopologyError(f"{node} has no link to {neighbour}") from None
+
+    def route(
+        self,
+        node: str,
+        prefix: ipaddress.IPv4Network | ipaddress.IPv4Address,
+        nexthops: Iterable[NextHop],
+    ) -> None:
+        hops = tuple(nexthops)
+        if not hops:
+            raise TopologyError(f"route to {prefix} on {node} has no next hop")
+        self.routes.setdefault(node, []).append(Route(ipaddress.IPv4Network(prefix), hops))
+
+    def check_size(self, servers: int) -> None:
+        if servers > MAX_SERVERS:
+            raise TopologyError(
+                f"this {self.kind} has {servers} servers; one machine emulates at most "
+                f"{MAX_SERVERS}: choose smaller parameters"
+            )
+
+    # -- result -----------------------------------------------------------------------------
+    def build(self, facts: dict, lazy_routes: Callable[[str], list[Route]] | None = None) -> Topology:
+        """The finished topology; `lazy_routes(node)` computes the tables of large kinds on use."""
+        for node in self.nodes.values():
+            for iface in node.interfaces.values():
+                if len(iface.name) > IFNAMSIZ:
+                    raise TopologyError(
+                        f"interface name {iface.name!r} on {node.name} is longer than Linux's "
+                        f"{IFNAMSIZ} characters: this {self.kind} is too large to name"
+                    )
+        return Topology(
+            self.kind, self.params, self.nodes, self.links, self.routes, facts, lazy_routes
+        )

@@ -1,0 +1,288 @@
+"""The pure description of a lab network: nodes, interfaces, links, addresses and routes.
+
+Nothing here touches the system. A `Topology` is what every other layer reads: emulation
+makes it live, the cost model maps schedules onto its routes, the CLI draws and describes
+it. Routes are per-node tables as Linux would hold them (connected routes are implied by
+interface addresses); `path()` walks them hop by hop, through L2 bridges, exactly as a
+packet would, so a test can prove that every pair is reachable without loops.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Literal
+
+from orchestrator.errors import TopologyError
+
+IFNAMSIZ = 15  # Linux interface names hold at most 15 characters
+
+Role = Literal["server", "switch"]
+Kind = Literal["host", "l2", "l3"]
+BRIDGE = "br0"  # the bridge inside an l2 switch, or the access bridge of an l3 switch
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    address: ipaddress.IPv4Interface | None = None
+    master: str | None = None  # the bridge this port is enslaved to
+    is_bridge: bool = False
+    level: int | None = None  # BCube level / torus dimension this NIC serves, if any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    node: str
+    interface: str
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.interface}"
+
+
+@dataclass(frozen=True)
+class Link:
+    a: Endpoint
+    b: Endpoint
+
+    def other(self, node: str) -> Endpoint:
+        return self.b if self.a.node == node else self.a
+
+    def nodes(self) -> tuple[str, str]:
+        return self.a.node, self.b.node
+
+
+@dataclass(frozen=True)
+class NextHop:
+    dev: str
+    via: ipaddress.IPv4Address | None = None  # None: the destination is on-link
+
+
+@dataclass(frozen=True)
+class Route:
+    prefix: ipaddress.IPv4Network
+    nexthops: tuple[NextHop, ...]
+
+    @property
+    def is_ecmp(self) -> bool:
+        return len(self.nexthops) > 1
+
+
+@dataclass
+class Node:
+    name: str
+    role: Role
+    kind: Kind
+    interfaces: dict[str, Interface] = field(default_factory=dict)
+    forwards: bool = False  # relays packets not addressed to it (routers, BCube/torus servers)
+    attrs: dict = field(default_factory=dict)  # structural facts: digits, coords, pod, half...
+
+    @property
+    def is_server(self) -> bool:
+        return self.role == "server"
+
+    def addresses(self) -> list[ipaddress.IPv4Interface]:
+        return [i.address for i in self.interfaces.values() if i.address is not None]
+
+    def data_nics(self) -> list[Interface]:
+        """Interfaces that carry an address (a server's NICs, a router's ports)."""
+        return [i for i in self.interfaces.values() if i.address is not None]
+
+
+class RoutingError(TopologyError):
+    """A walk of the routing tables found a black hole or a loop."""
+
+
+class Topology:
+    """Nodes, links and routes of one lab network. Build it with `TopologyBuilder`."""
+
+    def __init__(
+        self,
+        kind: str,
+        params: dict,
+        nodes: dict[str, Node],
+        links: list[Link],
+        routes: dict[str, list[Route]],
+        facts: dict,
+        lazy_routes: Callable[[str], list[Route]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.params = params
+        self.nodes = nodes
+        self.links = links
+        self._routes = routes
+        self._lazy_routes = lazy_routes
+        self.facts = facts
+        self._owner: dict[ipaddress.IPv4Address, Endpoint] = {}
+        for node in nodes.values():
+            for iface in node.interfaces.values():
+                if iface.address is not None:
+                    self._owner[iface.address.ip] = Endpoint(node.name, iface.name)
+        self._wire: dict[Endpoint, Endpoint] = {}
+        for link in links:
+            self._wire[link.a] = link.b
+            self._wire[link.b] = link.a
+        self._tables: dict[str, _Table] = {}
+
+    # -- inventory --------------------------------------------------------------------------
+    @property
+    def servers(self) -> list[Node]:
+        """Servers in rank order (the order the builder added them)."""
+        return [n for n in self.nodes.values() if n.is_server]
+
+    @property
+    def switches(self) -> list[Node]:
+        return [n for n in self.nodes.values() if not n.is_server]
+
+    def node(self, name: str) -> Node:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise TopologyError(f"no node named {name!r} in this {self.kind} topology") from None
+
+    def owner(self, address: ipaddress.IPv4Address | str) -> Endpoint | None:
+        return self._owner.get(ipaddress.IPv4Address(address))
+
+    def peer(self, endpoint: Endpoint) -> Endpoint | None:
+        """The interface at the other end of the wire plugged into `endpoint`."""
+        return self._wire.get(endpoint)
+
+    def links_of(self, node: str) -> list[Link]:
+        return [link for link in self.links if node in link.nodes()]
+
+    def address_of(self, node: str) -> ipaddress.IPv4Address:
+        """A node's primary data address: its first addressed interface."""
+        nics = self.node(node).data_nics()
+        if not nics:
+            raise TopologyError(f"node {node!r} has no data address")
+        return nics[0].address.ip
+
+    # -- routing ----------------------------------------------------------------------------
+    def routes_of(self, node: str) -> list[Route]:
+        """The static routes of `node` (connected routes are implied by its addresses)."""
+        if node not in self._routes and self._lazy_routes is not None:
+            self._routes[node] = self._lazy_routes(node)
+        return self._routes.get(node, [])
+
+    def route_count(self) -> int:
+        return sum(len(self.routes_of(name)) for name in self.nodes)
+
+    def lookup(self, node: str, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
+        table = self._tables.get(node)
+        if table is None:
+            table = self._tables[node] = _Table(self.nodes[node], self.routes_of(node))
+        return table.lookup(address)
+
+    def path(self, src: str, dst: str | ipaddress.IPv4Address) -> list[str]:
+        """The node-by-node path routing takes from `src` to `dst` (first ECMP branch)."""
+        return self.paths(src, dst, first_only=True)[0]
+
+    def paths(
+        self, src: str, dst: str | ipaddress.IPv4Address, first_only: bool = False
+    ) -> list[list[str]]:
+        """Every path the routing tables allow (all ECMP branches), each a list of node names.
+
+        `dst` is a node name (its primary address) or an address. Raises RoutingError on a
+        black hole or a forwarding loop.
+        """
+        self.node(src)
+        target = self.address_of(dst) if isinstance(dst, str) else ipaddress.IPv4Address(dst)
+        if self.owner(target) is None:
+            raise RoutingError(f"no interface in the topology has address {target}")
+        results: list[list[str]] = []
+        stack: list[tuple[str, list[str]]] = [(src, [src])]
+        while stack:
+            node, path = stack.pop()
+            if self._is_local(node, target):
+                results.append(path)
+                if first_only:
+                    break
+                continue
+            hops = self.lookup(node, target)
+            if not hops:
+                raise RoutingError(f"black hole: {node} has no route to {target} (path {path})")
+            if not self.nodes[node].forwards and node != src:
+                raise RoutingError(f"{node} does not forward but is asked to relay to {target}")
+            chosen = hops[:1] if first_only else hops
+            for hop in reversed(chosen):
+                gateway = hop.via or target
+                segment = self._l2_path(Endpoint(node, hop.dev), gateway)
+                if segment is None:
+                    raise RoutingError(
+                        f"{node} sends to {target} via {gateway} on {hop.dev}, "
+                        f"which is not reachable on that segment"
+                    )
+                nxt = segment[-1]
+                if nxt in path:
+                    raise RoutingError(f"forwarding loop towards {target}: {path + segment}")
+                stack.append((nxt, path + segment))
+        return results
+
+    def _is_local(self, node: str, target: ipaddress.IPv4Address) -> bool:
+        owner = self.owner(target)
+        return owner is not None and owner.node == node
+
+    def _l2_path(self, start: Endpoint, gateway: ipaddress.IPv4Address) -> list[str] | None:
+        """Nodes crossed from `start` (exclusive) to the owner of `gateway` on its L2 segment."""
+        goal = self.owner(gateway)
+        if goal is None:
+            return None
+        seen = {start}
+        queue: deque[tuple[Endpoint, list[str]]] = deque([(start, [start.node])])
+        while queue:
+            here, crossed = queue.popleft()
+            for there in self._segment_neighbours(here):
+                if there in seen:
+                    continue
+                seen.add(there)
+                trail = crossed if crossed[-1] == there.node else crossed + [there.node]
+                if there == goal:
+                    return trail[1:]
+                queue.append((there, trail))
+        return None
+
+    def _segment_neighbours(self, here: Endpoint) -> Iterator[Endpoint]:
+        """Interfaces one L2 step away: the wire's far end, bridge to port, port to bridge."""
+        wired = self._wire.get(here)
+        if wired is not None:
+            yield wired
+        node = self.nodes[here.node]
+        iface = node.interfaces[here.interface]
+        if iface.master is not None:
+            yield Endpoint(here.node, iface.master)
+        if iface.is_bridge:
+            for port in node.interfaces.values():
+                if port.master == iface.name:
+                    yield Endpoint(here.node, port.name)
+
+    def hop_counts(self, path: list[str]) -> tuple[int, int]:
+        """(links, switches) crossed by a node path."""
+        return len(path) - 1, sum(1 for name in path if not self.nodes[name].is_server)
+
+
+class _Table:
+    """A node's routing table: longest-prefix match over connected and static routes."""
+
+    def __init__(self, node: Node, routes: list[Route]) -> None:
+        self.by_length: dict[int, dict[int, tuple[NextHop, ...]]] = {}
+        for iface in node.interfaces.values():
+            if iface.address is not None and iface.address.network.prefixlen < 32:
+                self._add(iface.address.network, (NextHop(iface.name),))
+        for route in routes:
+            self._add(route.prefix, route.nexthops)
+        self.lengths = sorted(self.by_length, reverse=True)
+
+    def _add(self, prefix: ipaddress.IPv4Network, hops: tuple[NextHop, ...]) -> None:
+        table = self.by_length.setdefault(prefix.prefixlen, {})
+        key = int(prefix.network_address)
+        table.setdefault(key, hops)  # connected routes come first and win, as in Linux
+
+    def lookup(self, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
+        value = int(address)
+        for length in self.lengths:
+            mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+            hops = self.by_length[length].get(value & mask)
+            if hops is not None:
+                return hops
+        return ()

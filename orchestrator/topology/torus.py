@@ -1,0 +1,111 @@
+"""Torus: the k-ary d-cube, server-centric as in HiPS — servers wired to servers, no switches.
+
+Node (x_0 … x_(d-1)) links to x_i ± 1 mod k in every dimension i, so it has 2d NICs (d when
+k = 2, where both neighbours coincide): d·N links (d·N/2 for k = 2), diameter d·⌊k/2⌋.
+NIC `eth{2i}` faces +1 in dimension i, `eth{2i+1}` faces −1 (for k = 2, `eth{i}` faces both). Routing is dimension order:
+correct x_0 first, then x_1, …, each the short way round (ties go +1), so a path is as long
+as the wrap-around Manhattan distance.
+
+Names: `t` + coordinates joined by `x` (`t1x3`). The link leaving node i in the + direction
+of dimension i is the /30 10.dim.i.0 in a 10.0.0.0/8 pool: .1 on node i, .2 on its neighbour.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from itertools import product
+
+from orchestrator.topology.addressing import StructuredPool
+from orchestrator.topology.builder import TopologyBuilder
+from orchestrator.topology.model import NextHop, Route, Topology
+
+Coords = tuple[int, ...]
+
+
+def node_name(coords: Coords) -> str:
+    return "t" + "x".join(str(c) for c in coords)
+
+
+def step(coords: Coords, dim: int, delta: int, k: int) -> Coords:
+    moved = list(coords)
+    moved[dim] = (moved[dim] + delta) % k
+    return tuple(moved)
+
+
+def direction(src: int, dst: int, k: int) -> int:
+    """+1 or −1: the short way round a ring of k from src to dst (ties go +1)."""
+    forward = (dst - src) % k
+    return 1 if forward <= k - forward else -1
+
+
+def ring_distance(src: int, dst: int, k: int) -> int:
+    forward = (dst - src) % k
+    return min(forward, k - forward)
+
+
+def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
+    builder = TopologyBuilder("torus", {"k": k, "d": d})
+    builder.check_size(k**d)
+    nodes: list[Coords] = list(product(range(k), repeat=d))
+    index = {c: i for i, c in enumerate(nodes)}
+    pool = StructuredPool(data_pool, [d, len(nodes)], 2, "addressing.data", f"torus k={k} d={d}")
+    for coords in nodes:
+        builder.server(node_name(coords), forwards=len(nodes) > 2, coords=coords)
+
+    def ifname(coords: Coords, dim: int, delta: int) -> str:
+        if k == 2:  # one neighbour per dimension, one NIC
+            return f"{node_name(coords)}-eth{dim}"
+        return f"{node_name(coords)}-eth{2 * dim + (0 if delta > 0 else 1)}"
+
+    for dim in range(d):
+        for coords in nodes:
+            if k == 2 and coords[dim] == 1:
+                continue  # both neighbours are the same node: one link per pair
+            nxt = step(coords, dim, 1, k)
+            subnet = pool.subnet(dim, index[coords])
+            builder.link(
+                node_name(coords),
+                node_name(nxt),
+                a_address=StructuredPool.host(subnet, 1),
+                b_address=StructuredPool.host(subnet, 2),
+                a_ifname=ifname(coords, dim, 1),
+                b_ifname=ifname(nxt, dim, -1),
+                level=dim,
+            )
+
+    def hop(coords: Coords, dim: int, delta: int) -> NextHop:
+        neighbour = step(coords, dim, delta, k)
+        far = builder.nodes[node_name(neighbour)].interfaces[ifname(neighbour, dim, -delta)]
+        return NextHop(ifname(coords, dim, delta), far.address.ip)
+
+    own = {
+        node_name(c): {iface.address.network for iface in builder.nodes[node_name(c)].data_nics()}
+        for c in nodes
+    }
+    by_name = {node_name(c): c for c in nodes}
+
+    def routes(name: str) -> list[Route]:
+        src = by_name.get(name)
+        if src is None:
+            return []
+        table = []
+        for dst in nodes:
+            if dst == src:
+                continue
+            dim = next(i for i in range(d) if src[i] != dst[i])
+            nexthop = (hop(src, dim, direction(src[dim], dst[dim], k)),)
+            for nic in builder.nodes[node_name(dst)].data_nics():
+                if nic.address.network not in own[name]:
+                    table.append(Route(ipaddress.IPv4Network(nic.address.ip), nexthop))
+        return table
+
+    rings = {
+        dim: [
+            [node_name(c[:dim] + (x,) + c[dim + 1 :]) for x in range(k)]
+            for c in nodes
+            if c[dim] == 0
+        ]
+        for dim in range(d)
+    }
+    facts = {"k": k, "d": d, "rings": rings}  # rings: per dimension, each ring in + order
+    return builder.build(facts, lazy_routes=routes)

@@ -1,0 +1,98 @@
+"""Parsing of the human quantities in lab files: rates, durations, sizes, percentages.
+
+Rates follow the field's habit, not tc's: `Mbit`, `Mbps` and `Mb/s` all mean megabits per
+second (tc reads `mbps` as megabytes, which surprises everyone). Every parser raises
+ValueError with a message that says what forms are accepted; the spec layer adds the field.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
+
+_RATE_UNITS = {
+    "": 1, "bit": 1, "bps": 1, "b/s": 1,
+    "k": 1e3, "kbit": 1e3, "kbps": 1e3, "kb/s": 1e3,
+    "m": 1e6, "mbit": 1e6, "mbps": 1e6, "mb/s": 1e6,
+    "g": 1e9, "gbit": 1e9, "gbps": 1e9, "gb/s": 1e9,
+    "t": 1e12, "tbit": 1e12, "tbps": 1e12, "tb/s": 1e12,
+}
+
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kb": 2**10, "kib": 2**10,
+    "m": 2**20, "mb": 2**20, "mib": 2**20,
+    "g": 2**30, "gb": 2**30, "gib": 2**30,
+}
+
+
+def _split(text: str) -> tuple[float, str]:
+    match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a number with a unit")
+    return float(match["num"]), match["unit"].lower()
+
+
+def parse_rate(value: str | int | float) -> int:
+    """Bits per second from `100Mbit`, `1Gbit`, `1.5Gbps`, `500kbit` or a bare number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    else:
+        number, unit = _split(str(value))
+    if unit not in _RATE_UNITS:
+        raise ValueError(f"unknown rate unit in {value!r}: use e.g. 100Mbit, 1Gbit, 10Gbit")
+    bits = int(round(number * _RATE_UNITS[unit]))
+    if bits <= 0:
+        raise ValueError(f"rate must be positive, got {value!r}")
+    return bits
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds from `0ms`, `1.5ms`, `20us`, `2s`; a bare number is milliseconds (tc's habit)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) / 1000.0
+    number, unit = _split(str(value))
+    if unit == "":
+        return number / 1000.0
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"unknown time unit in {value!r}: use ns, us, ms or s, e.g. 2ms")
+    return number * _TIME_UNITS[unit]
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from `512M`, `1G`, `64k`, `1GiB` or a bare number of bytes (binary multiples)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    else:
+        number, unit = _split(str(value))
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit in {value!r}: use e.g. 512M, 1G")
+    size = int(number * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return size
+
+
+def parse_percent(value: str | int | float) -> float:
+    """A percentage from `1`, `0.5`, `1%`; must lie in [0, 100]."""
+    text = str(value).strip()
+    if text.endswith("%"):
+        text = text[:-1]
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a percentage: use e.g. 0.1 or 1%") from None
+    if not 0.0 <= number <= 100.0:
+        raise ValueError(f"percentage must lie between 0 and 100, got {value!r}")
+    return number
+
+
+def format_rate(bits_per_second: float) -> str:
+    """`1Gbit`, `100Mbit`, `1.5Gbit`: the short form people write."""
+    for unit, scale in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+        if bits_per_second >= scale:
+            return f"{bits_per_second / scale:g}{unit}"
+    return f"{bits_per_second:g}bit"
