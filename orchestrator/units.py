@@ -7,6 +7,7 @@ ValueError with a message that says what forms are accepted; the spec layer adds
 
 from __future__ import annotations
 
+import math
 import re
 
 _NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
@@ -29,19 +30,25 @@ _SIZE_UNITS = {
 }
 
 
-def _split(text: str) -> tuple[float, str]:
-    match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a number with a unit")
-    return float(match["num"]), match["unit"].lower()
+def _split(value: object, example: str) -> tuple[float, str]:
+    """(number, lower-case unit) of `value`; a bare int or float has unit ''."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity: write e.g. {example}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", str(value).strip())
+        if not match:
+            raise ValueError(f"{value!r} is not a number with a unit: write e.g. {example}")
+        number, unit = float(match["num"]), match["unit"].lower()
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{value!r} must be a finite, non-negative quantity, e.g. {example}")
+    return number, unit
 
 
 def parse_rate(value: str | int | float) -> int:
     """Bits per second from `100Mbit`, `1Gbit`, `1.5Gbps`, `500kbit` or a bare number."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number, unit = float(value), ""
-    else:
-        number, unit = _split(str(value))
+    number, unit = _split(value, "100Mbit or 1Gbit")
     if unit not in _RATE_UNITS:
         raise ValueError(f"unknown rate unit in {value!r}: use e.g. 100Mbit, 1Gbit, 10Gbit")
     bits = int(round(number * _RATE_UNITS[unit]))
@@ -52,9 +59,7 @@ def parse_rate(value: str | int | float) -> int:
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds from `0ms`, `1.5ms`, `20us`, `2s`; a bare number is milliseconds (tc's habit)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) / 1000.0
-    number, unit = _split(str(value))
+    number, unit = _split(value, "2ms")
     if unit == "":
         return number / 1000.0
     if unit not in _TIME_UNITS:
@@ -64,10 +69,7 @@ def parse_duration(value: str | int | float) -> float:
 
 def parse_size(value: str | int) -> int:
     """Bytes from `512M`, `1G`, `64k`, `1GiB` or a bare number of bytes (binary multiples)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = float(value), ""
-    else:
-        number, unit = _split(str(value))
+    number, unit = _split(value, "512M or 1G")
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit in {value!r}: use e.g. 512M, 1G")
     size = int(number * _SIZE_UNITS[unit])
@@ -85,7 +87,7 @@ def parse_percent(value: str | int | float) -> float:
         number = float(text)
     except ValueError:
         raise ValueError(f"{value!r} is not a percentage: use e.g. 0.1 or 1%") from None
-    if not 0.0 <= number <= 100.0:
+    if isinstance(value, bool) or not 0.0 <= number <= 100.0:
         raise ValueError(f"percentage must lie between 0 and 100, got {value!r}")
     return number
 

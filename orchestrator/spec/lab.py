@@ -65,15 +65,15 @@ class BCubeSpec(_Strict):
     """BCube(n, k) in Guo et al.'s notation: k+1 levels, n^(k+1) servers, (k+1)·n^k switches."""
 
     kind: Literal["bcube"]
-    n: int = Field(ge=2, le=64, description="switch port count")
-    k: int = Field(ge=0, le=7, description="highest level (k+1 levels)")
+    n: int = Field(strict=True, ge=2, le=64, description="switch port count")
+    k: int = Field(strict=True, ge=0, le=7, description="highest level (k+1 levels)")
 
 
 class FatTreeSpec(_Strict):
     """Al-Fares fat-tree: k pods, k^3/4 hosts, 5k^2/4 switches."""
 
     kind: Literal["fattree"]
-    k: int = Field(ge=2, le=64, description="switch port count, even")
+    k: int = Field(strict=True, ge=2, le=64, description="switch port count, even")
 
     @field_validator("k")
     @classmethod
@@ -87,16 +87,16 @@ class TorusSpec(_Strict):
     """k-ary d-cube, server-centric: every server links to its ±1 neighbours in each dimension."""
 
     kind: Literal["torus"]
-    k: int = Field(ge=2, le=64, description="nodes per dimension")
-    d: int = Field(ge=1, le=6, description="dimensions")
+    k: int = Field(strict=True, ge=2, le=64, description="nodes per dimension")
+    d: int = Field(strict=True, ge=1, le=6, description="dimensions")
 
 
 class BiGraphSpec(_Strict):
     """EFLOPS BiGraph: switches split in two halves, complete bipartite between them."""
 
     kind: Literal["bigraph"]
-    switches: int = Field(ge=2, le=128, description="switch count, even")
-    servers_per_switch: int = Field(ge=1, le=128)
+    switches: int = Field(strict=True, ge=2, le=128, description="switch count, even")
+    servers_per_switch: int = Field(strict=True, ge=1, le=128)
 
     @field_validator("switches")
     @classmethod
@@ -108,16 +108,16 @@ class BiGraphSpec(_Strict):
 
 class LeafSpineSpec(_Strict):
     kind: Literal["leafspine"]
-    leaves: int = Field(ge=1, le=256)
-    spines: int = Field(ge=1, le=64)
-    servers_per_leaf: int = Field(ge=1, le=253)
+    leaves: int = Field(strict=True, ge=1, le=256)
+    spines: int = Field(strict=True, ge=1, le=64)
+    servers_per_leaf: int = Field(strict=True, ge=1, le=253)
 
 
 class StarSpec(_Strict):
     """Servers on one L2 switch: the control case for every algorithm."""
 
     kind: Literal["star"]
-    servers: int = Field(ge=1, le=4000)
+    servers: int = Field(strict=True, ge=1, le=4000)
 
 
 TopologySpec = Annotated[
@@ -134,7 +134,7 @@ class LinksSpec(_Strict):
     delay: Seconds = 0.0
     jitter: Seconds = 0.0
     loss: Percent = 0.0
-    queue: int = Field(default=1000, ge=1, le=1_000_000, description="packets")
+    queue: int = Field(strict=True, default=1000, ge=1, le=1_000_000, description="packets")
 
     @property
     def needs_netem(self) -> bool:
@@ -150,7 +150,16 @@ class LinksSpec(_Strict):
 class ServersSpec(_Strict):
     runtime: Literal["docker", "netns"] = "docker"
     image: str = Field(default="testbed/server:latest", min_length=1)
-    cpus: float | None = Field(default=None, gt=0, description="CPU share per server, e.g. 0.5")
+    cpus: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="CPU share per server, e.g. 0.5"
+    )
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number of CPUs, e.g. 0.5")
+        return value
     memory: Bytes | None = Field(default=None, description="memory limit per server, e.g. 512M")
 
 

@@ -31,7 +31,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -42,6 +42,21 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise SpecError(f"{path}: expected a mapping of keys (name:, topology:, ...), got {got}")
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice (YAML would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def validate(model: type[Model], data: dict[str, Any], source: str) -> Model:
@@ -58,7 +73,10 @@ def load(model: type[Model], path: str | Path) -> Model:
 
 def describe(model: type[BaseModel], exc: ValidationError) -> str:
     """One line for the first error: `field.path: problem`."""
-    error = exc.errors()[0]
+    # A misspelt required key shows up twice: as unknown and as missing. The unknown one
+    # carries the better message ("did you mean ..."), so it goes first.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    error = errors[0]
     owner, loc = _walk(model, error["loc"])
     field = ".".join(str(part) for part in loc)
     kind = error["type"]
@@ -85,7 +103,7 @@ def describe(model: type[BaseModel], exc: ValidationError) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
     message = message[0].lower() + message[1:] if message else message
-    scalar = got is not None and not isinstance(got, (dict, list))
+    scalar = not isinstance(got, (dict, list))
     shown = f" (got {got!r})" if scalar and repr(got) not in message and str(got) not in message else ""
     # Checks across fields (model validators) name their fields in the message itself.
     return f"{field}: {message}{shown}" if field else f"{message}{shown}"
@@ -112,6 +130,8 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, tuple]:
         if isinstance(current, dict):  # a discriminated union: this part is the tag
             current = current.get(part)
             continue
+        if current is None:  # below a plain field: the rest are union-member tags
+            break
         owner = current
         cleaned.append(part)
         field = _field(current, part)

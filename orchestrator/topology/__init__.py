@@ -7,7 +7,9 @@ every forwarding node, and the structural facts algorithms need.
 
 from __future__ import annotations
 
-from orchestrator.spec.lab import AddressingSpec, LabSpec
+import ipaddress
+
+# Only the standard library below this package: Mininet's `mn` loads it with Debian's Python.
 from orchestrator.topology import bcube, fattree, switched, torus
 from orchestrator.topology.model import (
     Endpoint,
@@ -26,10 +28,17 @@ __all__ = [
 ]
 
 
-def build(spec, addressing: AddressingSpec | None = None) -> Topology:
-    """The topology for a topology spec (`BCubeSpec`, `FatTreeSpec`, …)."""
-    addressing = addressing or AddressingSpec()
-    data, links = addressing.data, addressing.links
+DEFAULT_DATA = ipaddress.IPv4Network("10.0.0.0/8")
+DEFAULT_LINKS = ipaddress.IPv4Network("172.16.0.0/12")
+
+
+def build(spec, addressing=None) -> Topology:
+    """The topology for a topology spec (`BCubeSpec`, …: anything with `kind` and parameters).
+
+    `addressing` is a lab's AddressingSpec (or anything with `data` and `links` networks).
+    """
+    data = addressing.data if addressing is not None else DEFAULT_DATA
+    links = addressing.links if addressing is not None else DEFAULT_LINKS
     match spec.kind:
         case "bcube":
             return bcube.build(spec.n, spec.k, data, links)
@@ -48,5 +57,6 @@ def build(spec, addressing: AddressingSpec | None = None) -> Topology:
     raise ValueError(f"unknown topology kind {spec.kind!r}")
 
 
-def from_lab(lab: LabSpec) -> Topology:
+def from_lab(lab) -> Topology:
+    """The topology of a validated LabSpec."""
     return build(lab.topology, lab.addressing)

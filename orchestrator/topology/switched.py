@@ -24,8 +24,8 @@ from orchestrator.topology.model import NextHop, Topology
 def _access_lan(
     builder: TopologyBuilder, switch: str, servers: list[str], subnet, **attrs
 ) -> None:
-    attrs["switch"] = switch
     """An l3 switch with its servers on one access LAN whose gateway is the switch's bridge."""
+    attrs["switch"] = switch
     gateway = StructuredPool.host(subnet, 1)
     builder.bridge(switch, gateway)
     for j, server in enumerate(servers):
@@ -117,6 +117,6 @@ def build_star(servers: int, data_pool, links_pool=None) -> Topology:
     builder.switch("sw", "l2")
     names = [f"h{i}" for i in range(servers)]
     for i, name in enumerate(names):
-        builder.server(name, index=i)
+        builder.server(name, index=i, switch="sw")
         builder.link(name, "sw", a_address=StructuredPool.host(subnet, i + 1))
     return builder.build({"servers": servers, "groups": [names]})

@@ -6,7 +6,7 @@ NIC `eth{2i}` faces +1 in dimension i, `eth{2i+1}` faces −1 (for k = 2, `eth{i
 correct x_0 first, then x_1, …, each the short way round (ties go +1), so a path is as long
 as the wrap-around Manhattan distance.
 
-Names: `t` + coordinates joined by `x` (`t1x3`). The link leaving node i in the + direction
+Names: `t` + the coordinates, each zero-padded to the width of k-1 (`t13` is (1, 3)). The link leaving node i in the + direction
 of dimension i is the /30 10.dim.i.0 in a 10.0.0.0/8 pool: .1 on node i, .2 on its neighbour.
 """
 
@@ -22,8 +22,10 @@ from orchestrator.topology.model import NextHop, Route, Topology
 Coords = tuple[int, ...]
 
 
-def node_name(coords: Coords) -> str:
-    return "t" + "x".join(str(c) for c in coords)
+def node_name(coords: Coords, k: int) -> str:
+    """`t` + each coordinate zero-padded to the width of k-1: `t13` is (1, 3) in a 4-ary torus."""
+    width = len(str(k - 1))
+    return "t" + "".join(f"{c:0{width}d}" for c in coords)
 
 
 def step(coords: Coords, dim: int, delta: int, k: int) -> Coords:
@@ -50,12 +52,12 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
     index = {c: i for i, c in enumerate(nodes)}
     pool = StructuredPool(data_pool, [d, len(nodes)], 2, "addressing.data", f"torus k={k} d={d}")
     for coords in nodes:
-        builder.server(node_name(coords), forwards=len(nodes) > 2, coords=coords)
+        builder.server(node_name(coords, k), forwards=len(nodes) > 2, coords=coords)
 
     def ifname(coords: Coords, dim: int, delta: int) -> str:
         if k == 2:  # one neighbour per dimension, one NIC
-            return f"{node_name(coords)}-eth{dim}"
-        return f"{node_name(coords)}-eth{2 * dim + (0 if delta > 0 else 1)}"
+            return f"{node_name(coords, k)}-eth{dim}"
+        return f"{node_name(coords, k)}-eth{2 * dim + (0 if delta > 0 else 1)}"
 
     for dim in range(d):
         for coords in nodes:
@@ -64,8 +66,8 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
             nxt = step(coords, dim, 1, k)
             subnet = pool.subnet(dim, index[coords])
             builder.link(
-                node_name(coords),
-                node_name(nxt),
+                node_name(coords, k),
+                node_name(nxt, k),
                 a_address=StructuredPool.host(subnet, 1),
                 b_address=StructuredPool.host(subnet, 2),
                 a_ifname=ifname(coords, dim, 1),
@@ -75,14 +77,14 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
 
     def hop(coords: Coords, dim: int, delta: int) -> NextHop:
         neighbour = step(coords, dim, delta, k)
-        far = builder.nodes[node_name(neighbour)].interfaces[ifname(neighbour, dim, -delta)]
+        far = builder.nodes[node_name(neighbour, k)].interfaces[ifname(neighbour, dim, -delta)]
         return NextHop(ifname(coords, dim, delta), far.address.ip)
 
     own = {
-        node_name(c): {iface.address.network for iface in builder.nodes[node_name(c)].data_nics()}
+        node_name(c, k): {iface.address.network for iface in builder.nodes[node_name(c, k)].data_nics()}
         for c in nodes
     }
-    by_name = {node_name(c): c for c in nodes}
+    by_name = {node_name(c, k): c for c in nodes}
 
     def routes(name: str) -> list[Route]:
         src = by_name.get(name)
@@ -94,14 +96,14 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
                 continue
             dim = next(i for i in range(d) if src[i] != dst[i])
             nexthop = (hop(src, dim, direction(src[dim], dst[dim], k)),)
-            for nic in builder.nodes[node_name(dst)].data_nics():
+            for nic in builder.nodes[node_name(dst, k)].data_nics():
                 if nic.address.network not in own[name]:
                     table.append(Route(ipaddress.IPv4Network(nic.address.ip), nexthop))
         return table
 
     rings = {
         dim: [
-            [node_name(c[:dim] + (x,) + c[dim + 1 :]) for x in range(k)]
+            [node_name(c[:dim] + (x,) + c[dim + 1 :], k) for x in range(k)]
             for c in nodes
             if c[dim] == 0
         ]
