@@ -23,19 +23,12 @@ from orchestrator import topology  # noqa: E402  (needs the path above)
 from orchestrator.topology.mininet_topo import to_mininet  # noqa: E402
 
 
-def _topo(kind, *names):
+def _topo(kind):
     def make(*values):
-        spec = SimpleNamespace(kind=kind, **dict(zip(names, values)))
+        spec = SimpleNamespace(kind=kind, **dict(zip(topology.SHORTHAND[kind], values)))
         return to_mininet(topology.build(spec))
 
     return make
 
 
-topos = {
-    "bcube": _topo("bcube", "n", "k"),
-    "fattree": _topo("fattree", "k"),
-    "torus": _topo("torus", "k", "d"),
-    "bigraph": _topo("bigraph", "switches", "servers_per_switch"),
-    "leafspine": _topo("leafspine", "leaves", "spines", "servers_per_leaf"),
-    "star": _topo("star", "servers"),
-}
+topos = {kind: _topo(kind) for kind in topology.SHORTHAND}

@@ -28,6 +28,16 @@ __all__ = [
 ]
 
 
+# Positional parameters of each kind, for `bcube,4,1`-style names (CLI and Mininet's --topo).
+SHORTHAND = {
+    "bcube": ("n", "k"),
+    "fattree": ("k",),
+    "torus": ("k", "d"),
+    "bigraph": ("switches", "servers_per_switch"),
+    "leafspine": ("leaves", "spines", "servers_per_leaf"),
+    "star": ("servers",),
+}
+
 DEFAULT_DATA = ipaddress.IPv4Network("10.0.0.0/8")
 DEFAULT_LINKS = ipaddress.IPv4Network("172.16.0.0/12")
 

@@ -1,0 +1,373 @@
+"""A live lab: `Lab.up(spec)` makes a topology real on this machine, `down()` removes it.
+
+    with Lab.up(spec) as lab:
+        print(lab.exec("h00", "ping -c1 10.0.0.2").stdout)
+        lab.net["h00"].cmd("ip route")          # Mininet nodes, attached to the live lab
+
+Bring-up order: refuse what the kernel cannot do → state directory (under a lock) →
+namespaces and containers → veth links (created inside their namespaces) → bridges,
+addresses, shaping, routes → management network → soft-RoCE. Every object is journalled
+before it is made; any failure undoes what exists, and `testbed clean` undoes a crash.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from orchestrator.emulation import cleanup, docker_engine, features, images, kernel
+from orchestrator.emulation.journal import Entry, LabState, global_lock
+from orchestrator.emulation.plan import MGMT_IF, LabPlan, choose_mgmt_subnet
+from orchestrator.errors import EmulationError, LabExists, NodeNotFound
+from orchestrator.spec import LabSpec
+from orchestrator.topology import Topology, from_lab
+from orchestrator.topology.model import BRIDGE
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def _quiet(stage: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class ExecResult:
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+class Lab:
+    """A lab that is live on this machine (build one with `Lab.up`, find one with `Lab.attach`)."""
+
+    def __init__(self, spec: LabSpec, plan: LabPlan, state: LabState) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.state = state
+        self._net = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @classmethod
+    def up(cls, spec: LabSpec, progress: Progress = _quiet) -> "Lab":
+        features.require(spec)  # refuse before anything is built
+        topology = from_lab(spec)
+        if spec.servers.runtime == "docker":
+            docker_engine.client()
+            images.ensure(spec.servers.image, lambda line: progress(f"image: {line}", 0, 0))
+        with global_lock():
+            state = LabState(spec.name)
+            if state.exists():
+                raise LabExists(f"lab {spec.name!r} is already live: `testbed down {spec.name}` first")
+            cleanup.refuse_leftovers(spec.name)
+            plan = LabPlan(spec.name, topology, spec.servers.runtime, _mgmt_subnet(spec, topology))
+            state.create(
+                spec.model_dump(mode="json"),
+                {"status": "building", "pid": os.getpid(), "id": plan.id,
+                 "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet)},
+            )
+        lab = cls(spec, plan, state)
+        try:
+            _Builder(lab, progress).build()
+        except BaseException:
+            cleanup.clean_lab(spec.name)
+            raise
+        state.update_state(status="up", pid=None)
+        return lab
+
+    @classmethod
+    def attach(cls, name: str) -> "Lab":
+        state = LabState(name).require()
+        spec = LabSpec.model_validate(state.spec())
+        info = state.state()
+        topology = from_lab(spec)
+        plan = LabPlan(name, topology, info["runtime"], ipaddress.IPv4Network(info["mgmt_subnet"]))
+        return cls(spec, plan, state)
+
+    def down(self) -> None:
+        if self._net is not None:
+            for node in self._net.values():
+                node.terminate()
+            self._net = None
+        cleanup.clean_lab(self.spec.name)
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # -- inventory ----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def topology(self) -> Topology:
+        return self.plan.topology
+
+    @property
+    def status_word(self) -> str:
+        return self.state.state().get("status", "unknown")
+
+    def check_node(self, node: str) -> None:
+        if node not in self.topology.nodes:
+            raise NodeNotFound(
+                f"lab {self.name} has no node {node!r} (servers: "
+                f"{', '.join(s.name for s in self.topology.servers[:6])}…)"
+            )
+
+    def namespace(self, node: str) -> str:
+        self.check_node(node)
+        return self.plan.namespaces[node]
+
+    def mgmt_address(self, server: str):
+        return self.plan.mgmt[server][1].ip
+
+    # -- running things -----------------------------------------------------------------------
+    def exec(self, node: str, command: str | Sequence[str], timeout: float | None = None) -> ExecResult:
+        """Run a command on a node and wait: a container's `docker exec`, or the namespace."""
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        self.check_node(node)
+        if self.plan.in_container(node):
+            code, output = docker_engine.exec_in(self.plan.container_name(node), argv)
+            return ExecResult(code, output.decode(errors="replace"))
+        result = subprocess.run(
+            self.command_prefix(node) + argv, capture_output=True, text=True, timeout=timeout
+        )
+        return ExecResult(result.returncode, result.stdout, result.stderr)
+
+    def command_prefix(self, node: str) -> list[str]:
+        """argv prefix that runs a host program in `node`'s network, like a Mininet host.
+
+        For a container that is its network and hostname, not its filesystem: host tools
+        (iperf3, tcpdump) work the same on every runtime. `exec()` runs inside containers.
+        """
+        self.check_node(node)
+        if self.plan.in_container(node):
+            pid = docker_engine.container_pid(self.plan.container_name(node))
+            if pid is None:
+                raise EmulationError(f"container of {node} is not running")
+            return ["nsenter", "-t", str(pid), "-n", "-u", "--"]
+        return ["nsenter", f"--net={kernel.netns_path(self.namespace(node))}", "--"]
+
+    def popen(self, node: str, command: str | Sequence[str], **kwargs) -> subprocess.Popen:
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return subprocess.Popen(self.command_prefix(node) + argv, **kwargs)
+
+    @property
+    def net(self):
+        """A Mininet network whose nodes are attached to this live lab (for CLI and scripts)."""
+        if self._net is None:
+            from orchestrator.emulation.mininet_attach import attach
+
+            self._net = attach(self)
+        return self._net
+
+    # -- state --------------------------------------------------------------------------------
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        """Take the link between nodes a and b down (or up), both ends."""
+        links = [l for l in self.topology.links if set(l.nodes()) == {a, b}]
+        if not links:
+            raise NodeNotFound(f"lab {self.name} has no link between {a} and {b}")
+        with kernel.Netlink() as nl:
+            for link in links:
+                for end in (link.a, link.b):
+                    kernel.set_link_state(nl, self.plan.namespaces[end.node], end.interface, up)
+
+    def status(self) -> dict:
+        from orchestrator.emulation.status import lab_status
+
+        return lab_status(self)
+
+
+def _mgmt_subnet(spec: LabSpec, topology: Topology):
+    if spec.management.subnet != "auto":
+        return spec.management.subnet
+    taken = kernel.root_networks()
+    for other in LabState.all():
+        subnet = other.state().get("mgmt_subnet")
+        if subnet:
+            taken.append(ipaddress.IPv4Network(subnet))
+    return choose_mgmt_subnet(len(topology.servers), taken)
+
+
+class _Builder:
+    """The steps of bring-up, each journalled before it acts."""
+
+    def __init__(self, lab: Lab, progress: Progress) -> None:
+        self.lab = lab
+        self.plan = lab.plan
+        self.spec = lab.spec
+        self.topology = lab.topology
+        self.progress = progress
+        self.nl = kernel.Netlink()
+
+    def build(self) -> None:
+        try:
+            self.nodes()
+            self.nl.open([None, *self.plan.namespaces.values()])
+            self.sysctls()
+            self.links()
+            self.bridges_and_addresses()
+            self.shaping()
+            self.routes()
+            self.management()
+            if self.spec.rdma == "softroce":
+                self.softroce()
+            self.settle()
+        finally:
+            self.nl.close()
+
+    def record(self, entries: list[Entry]) -> None:
+        self.lab.state.record(entries)
+
+    def nodes(self) -> None:
+        plan = self.plan
+        in_ns = [n for n in self.topology.nodes if not plan.in_container(n)]
+        in_docker = [n for n in self.topology.nodes if plan.in_container(n)]
+        total = len(self.topology.nodes)
+        self.record([Entry("netns", plan.namespaces[n], {}) for n in in_ns])
+        kernel.create_namespaces([plan.namespaces[n] for n in in_ns])
+        self.progress("namespaces", len(in_ns), total)
+        if not in_docker:
+            return
+        self.record([Entry("container", plan.container_name(n), {}) for n in in_docker])
+        self.record([Entry("netns", plan.namespaces[n], {}) for n in in_docker])
+        servers = self.spec.servers
+        specs = [
+            {
+                "name": plan.container_name(n),
+                "hostname": n,
+                "image": servers.image,
+                "labels": {docker_engine.LAB_LABEL: self.spec.name, docker_engine.NODE_LABEL: n},
+                "nano_cpus": int(servers.cpus * 1e9) if servers.cpus else None,
+                "mem_limit": servers.memory,
+            }
+            for n in in_docker
+        ]
+        started = [len(in_ns)]
+        by_container = {plan.container_name(n): n for n in in_docker}
+
+        def attached(container: str, pid: int) -> None:
+            kernel.attach_namespace(plan.namespaces[by_container[container]], pid)
+            started[0] += 1
+            self.progress("containers", started[0], total)
+
+        docker_engine.run_containers(specs, on_started=attached)
+
+    def sysctls(self) -> None:
+        by_namespace = {self.plan.namespaces[n]: self.plan.sysctls(n) for n in self.topology.nodes}
+        kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns]))
+        for ns in by_namespace:
+            kernel.set_up(self.nl, ns, "lo")
+        self.progress("sysctls", 1, 1)
+
+    def links(self) -> None:
+        ns = self.plan.namespaces
+        queue = self.spec.links.queue
+        total = len(self.topology.links)
+        for done, link in enumerate(self.topology.links, 1):
+            kernel.add_veth(self.nl, ns[link.a.node], link.a.interface, ns[link.b.node], link.b.interface, queue)
+            if done % 32 == 0 or done == total:
+                self.progress("links", done, total)
+        for link in self.topology.links:
+            kernel.set_up(self.nl, ns[link.b.node], link.b.interface)
+
+    def bridges_and_addresses(self) -> None:
+        ns = self.plan.namespaces
+        for node in self.topology.nodes.values():
+            if BRIDGE in node.interfaces:
+                kernel.add_bridge(self.nl, ns[node.name], BRIDGE)
+            for iface in node.interfaces.values():
+                if iface.master:
+                    kernel.enslave(self.nl, ns[node.name], iface.name, iface.master)
+                if iface.address is not None:
+                    kernel.add_address(self.nl, ns[node.name], iface.name, iface.address)
+        self.progress("addresses", 1, 1)
+
+    def shaping(self) -> None:
+        links = self.spec.links
+        ns = self.plan.namespaces
+        total = len(self.topology.links)
+        for done, link in enumerate(self.topology.links, 1):
+            for end in (link.a, link.b):
+                kernel.shape(
+                    self.nl, ns[end.node], end.interface, links.bandwidth, links.queue,
+                    links.delay, links.jitter, links.loss,
+                )
+            if done % 32 == 0 or done == total:
+                self.progress("shaping", done, total)
+
+    def routes(self) -> None:
+        ns = self.plan.namespaces
+        nodes = list(self.topology.nodes)
+        for done, node in enumerate(nodes, 1):
+            for route in self.topology.routes_of(node):
+                hops = [(h.dev, h.via) for h in route.nexthops]
+                kernel.add_route(self.nl, ns[node], route.prefix, hops)
+            if done % 16 == 0 or done == len(nodes):
+                self.progress("routes", done, len(nodes))
+
+    def management(self) -> None:
+        plan, nl = self.plan, self.nl
+        self.record([Entry("host_link", name, {}) for name in plan.root_links()])
+        kernel.add_bridge(nl, None, plan.mgmt_bridge, group=plan.link_group)
+        nl.refresh(None)
+        kernel.add_address(nl, None, plan.mgmt_bridge, plan.mgmt_gateway)
+        for server, (host_if, address) in plan.mgmt.items():
+            ns = plan.namespaces[server]
+            kernel.add_veth(nl, None, host_if, ns, MGMT_IF, 1000, group=plan.link_group)
+            kernel.enslave(nl, None, host_if, plan.mgmt_bridge, isolated=True)
+            kernel.set_up(nl, ns, MGMT_IF)
+            kernel.add_address(nl, ns, MGMT_IF, address)
+        self.progress("management", 1, 1)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every lab interface is operationally up.
+
+        The kernel activates a new veth's queue from its link-watch work, up to a second
+        after carrier appears; packets sent before that vanish. A lab is ready only after.
+        """
+        wanted: dict[str, set[str]] = {}
+        for node in self.topology.nodes.values():
+            names = set(node.interfaces)
+            if node.is_server:
+                names.add(MGMT_IF)
+            wanted[self.plan.namespaces[node.name]] = names
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = {
+                f"{ns}:{name}"
+                for ns, names in wanted.items()
+                for name, info in kernel.links_in(self.nl, ns).items()
+                if name in names and info["state"] != "UP"
+            }
+            if not waiting:
+                self.progress("ready", 1, 1)
+                return
+            if time.monotonic() > deadline:
+                raise EmulationError(f"interfaces still down after {timeout:.0f} s: {', '.join(sorted(waiting)[:5])}")
+            time.sleep(0.05)
+
+    def softroce(self) -> None:
+        """An rxe device on every data NIC of every server (`rdma link add` in its namespace)."""
+        plan = self.plan
+        entries, commands = [], []
+        for server in self.topology.servers:
+            for nic in server.data_nics():
+                device = f"rxe_{plan.id}_{nic.name}".replace("-", "_")
+                entries.append(Entry("rxe", device, {"netns": plan.namespaces[server.name]}))
+                commands.append((plan.namespaces[server.name], device, nic.name))
+        self.record(entries)
+        for ns, device, netdev in commands:
+            result = subprocess.run(
+                ["ip", "netns", "exec", ns, "rdma", "link", "add", device, "type", "rxe", "netdev", netdev],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise EmulationError(f"soft-RoCE on {netdev}: {result.stderr.strip() or 'rdma link add failed'}")
+        self.progress("soft-RoCE", len(commands), len(commands))

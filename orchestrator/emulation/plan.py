@@ -1,0 +1,112 @@
+"""What a lab will be on this machine, decided before anything is created (pure, no I/O).
+
+Names: every node lives in the network namespace `testbed-<lab>-<node>` (for Docker servers
+that is the container's namespace, attached under that name; the container is named the
+same). Only the management network touches the root namespace: a bridge `tb<id>-br` and
+one veth end `tb<id>-<rank>` per server, where <id> is six hex digits of the lab name's
+hash, so two labs never clash and every name fits Linux's 15 characters.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from orchestrator.emulation.journal import lab_id
+from orchestrator.errors import TopologyError
+from orchestrator.topology import Topology
+from orchestrator.topology.addressing import bits_for
+
+NAMESPACE_PREFIX = "testbed-"
+MGMT_POOL = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range
+MGMT_IF = "mgmt0"
+
+BASE_SYSCTLS = {
+    "net.ipv6.conf.all.disable_ipv6": "1",  # no router solicitations or DAD in counters
+    "net.ipv6.conf.default.disable_ipv6": "1",
+}
+FORWARDING_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.rp_filter": "0",  # BCube and torus routes are asymmetric
+    "net.ipv4.conf.default.rp_filter": "0",
+    "net.ipv4.fib_multipath_hash_policy": "1",  # ECMP on the L4 5-tuple
+}
+
+
+def namespace_name(lab: str, node: str) -> str:
+    return f"{NAMESPACE_PREFIX}{lab}-{node}"
+
+
+def link_group(lab: str) -> int:
+    return 0x7E000000 | int(lab_id(lab), 16)
+
+
+def mgmt_prefixlen(servers: int) -> int:
+    """A /24 while it fits (host + servers + network + broadcast), larger beyond."""
+    return min(24, 32 - bits_for(servers + 3))
+
+
+def choose_mgmt_subnet(
+    servers: int, taken: list[ipaddress.IPv4Network], pool: ipaddress.IPv4Network = MGMT_POOL
+) -> ipaddress.IPv4Network:
+    """The first subnet of the management pool that overlaps nothing in `taken`."""
+    for candidate in pool.subnets(new_prefix=mgmt_prefixlen(servers)):
+        if not any(candidate.overlaps(t) for t in taken):
+            return candidate
+    raise TopologyError(
+        f"no free management subnet left in {pool}: remove stale labs (testbed clean) or set "
+        "management.subnet"
+    )
+
+
+@dataclass
+class LabPlan:
+    lab: str
+    topology: Topology
+    runtime: str
+    mgmt_subnet: ipaddress.IPv4Network
+    id: str = ""
+    namespaces: dict[str, str] = field(default_factory=dict)  # node → namespace
+    mgmt: dict[str, tuple[str, ipaddress.IPv4Interface]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.id = lab_id(self.lab)
+        servers = self.topology.servers
+        if len(servers) + 2 > self.mgmt_subnet.num_addresses - 1:
+            raise TopologyError(
+                f"management.subnet {self.mgmt_subnet} is too small for {len(servers)} servers"
+            )
+        self.namespaces = {name: namespace_name(self.lab, name) for name in self.topology.nodes}
+        base = int(self.mgmt_subnet.network_address)
+        for rank, server in enumerate(servers):
+            address = ipaddress.IPv4Interface((base + 2 + rank, self.mgmt_subnet.prefixlen))
+            self.mgmt[server.name] = (f"tb{self.id}-{rank}", address)
+
+    @property
+    def link_group(self) -> int:
+        """The netdev group of this lab's root-namespace links (deleted in one call)."""
+        return link_group(self.lab)
+
+    @property
+    def mgmt_bridge(self) -> str:
+        return f"tb{self.id}-br"
+
+    @property
+    def mgmt_gateway(self) -> ipaddress.IPv4Interface:
+        """The orchestrator's address on the management bridge (root namespace)."""
+        return ipaddress.IPv4Interface((int(self.mgmt_subnet.network_address) + 1, self.mgmt_subnet.prefixlen))
+
+    def sysctls(self, node: str) -> dict[str, str]:
+        values = dict(BASE_SYSCTLS)
+        if self.topology.nodes[node].forwards:
+            values.update(FORWARDING_SYSCTLS)
+        return values
+
+    def container_name(self, node: str) -> str:
+        return self.namespaces[node]
+
+    def in_container(self, node: str) -> bool:
+        return self.runtime == "docker" and self.topology.nodes[node].is_server
+
+    def root_links(self) -> list[str]:
+        return [self.mgmt_bridge] + [host_if for host_if, _ in self.mgmt.values()]

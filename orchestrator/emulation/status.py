@@ -1,0 +1,90 @@
+"""What a live lab looks like right now, read from the kernel and Docker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from orchestrator.emulation import docker_engine, kernel
+from orchestrator.emulation.plan import namespace_name
+
+
+def lab_status(lab) -> dict:
+    plan, topology = lab.plan, lab.topology
+    namespaces = set(kernel.list_namespaces(namespace_name(lab.name, "")))
+    containers = {}
+    if plan.runtime == "docker":
+        containers = {c["name"]: c["state"] for c in docker_engine.lab_containers(lab.name)}
+    interfaces: dict[str, dict] = {}
+    rates: dict[tuple[str, str], int | None] = {}
+    with kernel.Netlink() as nl:
+        live = [ns for ns in plan.namespaces.values() if ns in namespaces]
+        nl.open(live)
+        for node, ns in plan.namespaces.items():
+            if ns in namespaces:
+                interfaces[node] = kernel.links_in(nl, ns)
+        for link in topology.links:
+            ns = plan.namespaces[link.a.node]
+            if link.a.node in interfaces and link.a.interface in interfaces[link.a.node]:
+                rates[(link.a.node, link.a.interface)] = kernel.read_rate(nl, ns, link.a.interface)
+    nodes = []
+    for node in topology.nodes.values():
+        ns = plan.namespaces[node.name]
+        entry = {
+            "name": node.name,
+            "role": node.role,
+            "kind": node.kind,
+            "runtime": "docker" if plan.in_container(node.name) else "netns",
+            "namespace": ns,
+            "alive": ns in namespaces,
+        }
+        if plan.in_container(node.name):
+            entry["container"] = plan.container_name(node.name)
+            entry["alive"] = entry["alive"] and containers.get(entry["container"]) == "running"
+        if node.is_server:
+            entry["mgmt_address"] = str(plan.mgmt[node.name][1].ip)
+            entry["addresses"] = [str(a) for a in node.addresses()]
+        nodes.append(entry)
+    links = []
+    for link in topology.links:
+        ends = [interfaces.get(e.node, {}).get(e.interface) for e in (link.a, link.b)]
+        up = all(e is not None and e["up"] and e["carrier"] for e in ends)
+        rate = rates.get((link.a.node, link.a.interface))
+        links.append(
+            {
+                "a": link.a.node, "a_interface": link.a.interface,
+                "b": link.b.node, "b_interface": link.b.interface,
+                "state": "up" if up else "down",
+                "rate_bps": rate,
+                "tx_bytes": ends[0]["tx_bytes"] if ends[0] else None,
+                "rx_bytes": ends[0]["rx_bytes"] if ends[0] else None,
+            }
+        )
+    return {
+        "name": lab.name,
+        "status": lab.status_word,
+        "runtime": plan.runtime,
+        "topology": topology.kind,
+        "params": topology.params,
+        "management": {"subnet": str(plan.mgmt_subnet), "bridge": plan.mgmt_bridge,
+                       "orchestrator": str(plan.mgmt_gateway.ip)},
+        "nodes": nodes,
+        "links": links,
+        "rxe": rxe_devices(lab),
+    }
+
+
+def rxe_devices(lab) -> list[dict]:
+    """soft-RoCE devices of this lab's servers, from `rdma -j link show`."""
+    if lab.spec.rdma != "softroce":
+        return []
+    result = subprocess.run(["rdma", "-j", "link", "show"], capture_output=True, text=True)
+    if result.returncode != 0:
+        return []
+    prefix = f"rxe_{lab.plan.id}_"
+    devices = []
+    for entry in json.loads(result.stdout or "[]"):
+        name = entry.get("ifname", "")
+        if name.startswith(prefix):
+            devices.append({"device": name, "state": entry.get("state"), "netdev": entry.get("netdev")})
+    return devices
