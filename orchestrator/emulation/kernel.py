@@ -292,8 +292,10 @@ def add_route(
     ns: str | None,
     prefix: ipaddress.IPv4Network,
     nexthops: Sequence[tuple[str, ipaddress.IPv4Address | None]],
+    replace: bool = False,
 ) -> None:
-    """A static route; several (dev, via) pairs make an ECMP group."""
+    """A static route; several (dev, via) pairs make an ECMP group. `replace` overwrites
+    (and restores) an existing route, e.g. after its interface was down."""
     def hop(dev: str, via) -> dict:
         spec = {"oif": nl.index(ns, dev)}
         if via is not None:
@@ -304,7 +306,8 @@ def add_route(
         request = {"dst": str(prefix), **hop(*nexthops[0])}
     else:
         request = {"dst": str(prefix), "multipath": [hop(d, v) for d, v in nexthops]}
-    _netlink(f"route {prefix} in {ns}", lambda: nl[ns].route("add", **request))
+    command = "replace" if replace else "add"
+    _netlink(f"route {prefix} in {ns}", lambda: nl[ns].route(command, **request))
 
 
 # -- traffic control --------------------------------------------------------------------------

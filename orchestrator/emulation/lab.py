@@ -169,14 +169,32 @@ class Lab:
 
     # -- state --------------------------------------------------------------------------------
     def set_link(self, a: str, b: str, up: bool) -> None:
-        """Take the link between nodes a and b down (or up), both ends."""
+        """Take the link between nodes a and b down (or back up), both ends, like a cut cable.
+
+        The kernel drops static routes through an interface that goes down; bringing the
+        link back reinstalls both ends' routes, so up undoes down exactly.
+        """
         links = [l for l in self.topology.links if set(l.nodes()) == {a, b}]
         if not links:
             raise NodeNotFound(f"lab {self.name} has no link between {a} and {b}")
+        ns = self.plan.namespaces
         with kernel.Netlink() as nl:
             for link in links:
                 for end in (link.a, link.b):
-                    kernel.set_link_state(nl, self.plan.namespaces[end.node], end.interface, up)
+                    kernel.set_link_state(nl, ns[end.node], end.interface, up)
+            if up:
+                for node in {a, b}:
+                    self._reinstall_routes(nl, node)
+
+    def _reinstall_routes(self, nl: kernel.Netlink, node: str) -> None:
+        """Put back a node's routes, each with the next hops whose interface is up (the
+        rest return when their own link does)."""
+        ns = self.plan.namespaces[node]
+        up = {name for name, info in kernel.links_in(nl, ns).items() if info["up"]}
+        for route in self.topology.routes_of(node):
+            hops = [(h.dev, h.via) for h in route.nexthops if h.dev in up]
+            if hops:
+                kernel.add_route(nl, ns, route.prefix, hops, replace=True)
 
     def status(self) -> dict:
         from orchestrator.emulation.status import lab_status

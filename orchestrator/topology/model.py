@@ -186,12 +186,19 @@ class Topology:
         `dst` is a node name (its primary address) or an address. Raises RoutingError on a
         black hole or a forwarding loop.
         """
+        return [[name for name, _ in path] for path in self.layered_paths(src, dst, first_only)]
+
+    def layered_paths(
+        self, src: str, dst: str | ipaddress.IPv4Address, first_only: bool = False
+    ) -> list[list[tuple[str, str]]]:
+        """Like `paths`, each node paired with how it was crossed: "l3" where a routing table
+        was consulted (routers, relaying servers, the ends), "l2" where a bridge switched."""
         self.node(src)
         target = self.address_of(dst) if isinstance(dst, str) else ipaddress.IPv4Address(dst)
         if self.owner(target) is None:
             raise RoutingError(f"no interface in the topology has address {target}")
-        results: list[list[str]] = []
-        stack: list[tuple[str, list[str]]] = [(src, [src])]
+        results: list[list[tuple[str, str]]] = []
+        stack: list[tuple[str, list[tuple[str, str]]]] = [(src, [(src, "l3")])]
         while stack:
             node, path = stack.pop()
             if self._is_local(node, target):
@@ -200,8 +207,9 @@ class Topology:
                     break
                 continue
             hops = self.lookup(node, target)
+            names = [name for name, _ in path]
             if not hops:
-                raise RoutingError(f"black hole: {node} has no route to {target} (path {path})")
+                raise RoutingError(f"black hole: {node} has no route to {target} (path {names})")
             if not self.nodes[node].forwards and node != src:
                 raise RoutingError(f"{node} does not forward but is asked to relay to {target}")
             chosen = hops[:1] if first_only else hops
@@ -214,9 +222,10 @@ class Topology:
                         f"which is not reachable on that segment"
                     )
                 nxt = segment[-1]
-                if nxt in path:
-                    raise RoutingError(f"forwarding loop towards {target}: {path + segment}")
-                stack.append((nxt, path + segment))
+                if nxt in names:
+                    raise RoutingError(f"forwarding loop towards {target}: {names + segment}")
+                crossed = [(name, "l2") for name in segment[:-1]] + [(nxt, "l3")]
+                stack.append((nxt, path + crossed))
         return results
 
     def _is_local(self, node: str, target: ipaddress.IPv4Address) -> bool:

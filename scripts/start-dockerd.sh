@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Start the Docker engine if it is not running (nothing else starts it on our machines).
+set -euo pipefail
+if docker info >/dev/null 2>&1; then exit 0; fi
+command -v dockerd >/dev/null || { echo "dockerd missing: apt-get install docker.io" >&2; exit 1; }
+echo "==> starting dockerd (log: /var/log/testbed-dockerd.log)" >&2
+nohup dockerd >>/var/log/testbed-dockerd.log 2>&1 &
+for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && exit 0
+    sleep 0.5
+done
+echo "dockerd did not start: see /var/log/testbed-dockerd.log" >&2
+exit 1

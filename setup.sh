@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# testbed: install everything on a fresh Debian 12 machine (as root), then run something.
+#
+#   ./setup.sh demo    install, then bring up and describe the demo lab (BCube(4,1) in Docker)
+#   ./setup.sh test    install, then run every test tier (skipped tiers print why)
+#   ./setup.sh         install only
+#
+# Idempotent: packages, the venv and images are only (re)built when missing or stale, and
+# dockerd is started only if it is not running.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")"
+ROOT=$PWD
+VENV=$ROOT/.venv
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh needs root (it installs packages and builds network namespaces): sudo $0 $*" >&2
+    exit 1
+fi
+
+APT_PACKAGES=(
+    python3 python3-venv python3-dev build-essential
+    docker.io mininet iproute2 iptables ethtool iputils-ping fping iperf3 traceroute bridge-utils
+    util-linux procps psmisc kmod prometheus debootstrap ca-certificates
+    qemu-system-x86 busybox-static cpio rdma-core
+)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+"$ROOT/scripts/start-dockerd.sh"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating the virtual environment in .venv"
+    /usr/bin/python3 -m venv "$VENV"
+fi
+stamp=$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+    log "installing testbed and its Python dependencies into .venv"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
+    rm -f "$VENV"/.installed-* && touch "$stamp"
+fi
+
+log "building lab images (quick when up to date)"
+"$VENV/bin/testbed" images build
+
+case "${1:-}" in
+    demo) exec "$ROOT/scripts/demo.sh" ;;
+    test) exec "$ROOT/scripts/run-tests.sh" "${@:2}" ;;
+    "") log "installed: try ./setup.sh demo, or .venv/bin/testbed --help" ;;
+    *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac

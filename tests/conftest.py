@@ -1,0 +1,67 @@
+"""Test tiers: unit (pure) · netns (root) · docker (root + engine) · vm (a full kernel in qemu).
+
+A tier that cannot run here is skipped with its reason, which `-rs` prints. Tests under
+tests/netns and tests/docker get their tier marker from their directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _root_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "netns tier needs root (run ./setup.sh test as root)"
+    if shutil.which("nsenter") is None:
+        return "netns tier needs nsenter (util-linux)"
+    return None
+
+
+def _docker_reason() -> str | None:
+    reason = _root_reason()
+    if reason:
+        return reason.replace("netns", "docker")
+    from orchestrator.emulation import docker_engine
+
+    try:
+        docker_engine.client()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        return f"docker tier needs a running Docker engine ({exc})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons: dict[str, str | None] = {}
+    for item in items:
+        tier = next((t for t in ("netns", "docker") if f"{os.sep}{t}{os.sep}" in str(item.fspath)), None)
+        if tier is None:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier not in reasons:
+            reasons[tier] = _root_reason() if tier == "netns" else _docker_reason()
+        if reasons[tier]:
+            item.add_marker(pytest.mark.skip(reason=reasons[tier]))
+
+
+def host_snapshot() -> dict:
+    """What a lab could leave on the host: namespaces, root links, containers, rules."""
+    from orchestrator.emulation import docker_engine, kernel
+
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout if shutil.which("iptables-save") else ""
+    containers = []
+    if docker_engine.engine_reachable():
+        containers = sorted(c["name"] for c in docker_engine.lab_containers())
+    return {
+        "namespaces": kernel.list_namespaces("testbed-"),
+        "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
+        "containers": containers,
+        "rules": sorted(l for l in rules.splitlines() if l and not l.startswith(("#", ":"))),
+    }

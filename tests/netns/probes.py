@@ -1,0 +1,75 @@
+"""Measuring a live lab from inside its nodes: reachability, traceroute paths, throughput."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from orchestrator.emulation import Lab
+
+
+def unreachable_pairs(lab: Lab, sources: list[str] | None = None, via: str = "data") -> list[tuple[str, str]]:
+    """Ordered server pairs (src, dst) whose ping fails; one fping per source, all at once."""
+    servers = [s.name for s in lab.topology.servers]
+    targets = {
+        name: str(lab.topology.address_of(name)) if via == "data" else str(lab.mgmt_address(name))
+        for name in servers
+    }
+    by_address = {address: name for name, address in targets.items()}
+    sources = sources or servers
+    failed = []
+    for start in range(0, len(sources), 32):  # 32 fpings at a time, each to every server
+        batch = sources[start : start + 32]
+        # -a: print the alive; -r 2: retries, so one ARP race cannot fail a pair;
+        # -i 1: 1 ms between targets (fping's default 10 ms makes big labs crawl)
+        procs = {
+            src: lab.popen(
+                src, ["fping", "-a", "-r", "2", "-t", "300", "-i", "1", *(targets[d] for d in servers if d != src)],
+                stdout=-1, stderr=-1, text=True,
+            )
+            for src in batch
+        }
+        for src, proc in procs.items():
+            out, _ = proc.communicate(timeout=120)
+            alive = {by_address[line.strip()] for line in out.splitlines() if line.strip() in by_address}
+            failed += [(src, d) for d in servers if d != src and d not in alive]
+    return failed
+
+
+def traced_hops(lab: Lab, src: str, address: str) -> list[str]:
+    """Node names that answer a TTL-limited probe towards `address`, in order (ICMP, so
+    every probe of one trace is one flow and ECMP keeps it on one path)."""
+    proc = lab.popen(src, ["traceroute", "-n", "-I", "-q", "1", "-w", "1", "-m", "12", address], stdout=-1, stderr=-1, text=True)
+    out, _ = proc.communicate(timeout=60)
+    hops = []
+    for line in out.splitlines()[1:]:
+        match = re.match(r"\s*\d+\s+(\d+\.\d+\.\d+\.\d+)", line)
+        if not match:
+            hops.append("*")
+            continue
+        owner = lab.topology.owner(match.group(1))
+        hops.append(owner.node if owner else match.group(1))
+    return hops
+
+
+def l3_hops(layered_path: list[tuple[str, str]]) -> list[str]:
+    """The nodes of a routed path that answer traceroute: those that routed (not bridged)."""
+    return [name for name, layer in layered_path[1:] if layer == "l3"]
+
+
+def iperf3_mbit(lab: Lab, client: str, server: str, seconds: int = 3, extra: list[str] | None = None) -> float:
+    """TCP goodput client → server in Mbit/s, as iperf3's receiver reports it."""
+    address = str(lab.topology.address_of(server))
+    srv = lab.popen(server, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1, text=True)
+    time.sleep(0.3)
+    try:
+        proc = lab.popen(client, ["iperf3", "-c", address, "-t", str(seconds), "-J", *(extra or [])], stdout=-1, stderr=-1, text=True)
+        out, err = proc.communicate(timeout=seconds + 30)
+        report = json.loads(out)
+        if "error" in report:
+            raise AssertionError(f"iperf3: {report['error']}")
+        return report["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        srv.kill()
+        srv.wait()

@@ -1,0 +1,222 @@
+"""Labs in bare namespaces, through the real kernel: reachability, paths, shaping, ECMP,
+isolation of the management network, refusal of what the kernel lacks, and teardown."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.emulation import Lab, cleanup, features, kernel
+from orchestrator.emulation.journal import LabState
+from orchestrator.errors import LabExists, MissingFeature, NodeNotFound
+from orchestrator.spec import lab_from_argument
+from tests.netns.probes import iperf3_mbit, l3_hops, traced_hops, unreachable_pairs
+
+READY = sorted(Path(__file__).resolve().parents[2].joinpath("topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("lab_file", READY, ids=lambda p: p.stem)
+def test_all_pairs_ping_on_every_ready_lab(make_lab, lab_file):
+    lab = make_lab(str(lab_file), **{"servers.runtime": "netns"})
+    assert unreachable_pairs(lab) == []
+
+
+@pytest.mark.parametrize("shorthand", ["bcube,3,2", "torus,3,3", "fattree,6", "bigraph,6,2", "torus,2,3", "star,3"])
+def test_all_pairs_ping_on_sizes_nobody_wrote_a_file_for(make_lab, shorthand):
+    lab = make_lab(shorthand, **{"servers.runtime": "netns"})
+    assert unreachable_pairs(lab, sources=[s.name for s in lab.topology.servers[::3]]) == []
+
+
+def test_bcube_relay_path_matches_topology_route(make_lab):
+    lab = make_lab("bcube,4,1", **{"servers.runtime": "netns"})
+    for src, dst in [("h00", "h33"), ("h12", "h21"), ("h00", "h01"), ("h31", "h13")]:
+        route = lab.topology.layered_paths(src, dst, first_only=True)[0]
+        traced = traced_hops(lab, src, str(lab.topology.address_of(dst)))
+        assert traced == l3_hops(route), (src, dst, route)
+    # the relay really is a server: h00 → h33 goes through h30
+    assert traced_hops(lab, "h00", "10.0.3.4")[0] == "h30"
+
+
+@pytest.mark.parametrize("shorthand,pairs", [
+    ("torus,4,2", [("t00", "t22"), ("t03", "t31"), ("t11", "t12")]),
+    ("fattree,4", [("p0e0h0", "p3e1h1"), ("p0e0h0", "p0e1h0"), ("p2e1h1", "p2e1h0")]),
+    ("bigraph,4,2", [("su0h0", "su1h1"), ("su0h0", "sl1h0")]),
+])
+def test_traced_path_is_one_of_the_routed_paths(make_lab, shorthand, pairs):
+    lab = make_lab(shorthand, **{"servers.runtime": "netns"})
+    for src, dst in pairs:
+        traced = traced_hops(lab, src, str(lab.topology.address_of(dst)))
+        allowed = [l3_hops(p) for p in lab.topology.layered_paths(src, dst)]
+        assert traced in allowed, (src, dst, traced, allowed)
+
+
+def test_iperf3_gets_90_to_100_percent_of_a_100mbit_link(make_lab):
+    lab = make_lab("star,2", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    goodput = iperf3_mbit(lab, "h0", "h1")
+    assert 90 <= goodput <= 100, goodput
+
+
+def test_shaping_is_per_link_rate_and_status_reports_it(make_lab):
+    lab = make_lab("star,2", **{"servers.runtime": "netns", "links.bandwidth": "20Mbit"})
+    goodput = iperf3_mbit(lab, "h0", "h1", seconds=2)
+    assert 17 <= goodput <= 20, goodput
+    report = lab.status()
+    assert {l["rate_bps"] for l in report["links"]} == {20_000_000}
+    assert all(l["state"] == "up" for l in report["links"])
+    assert all(n["alive"] for n in report["nodes"])
+
+
+def _send_udp_flows(lab, src: str, dst: str, ports: list[int], packets: int = 20) -> None:
+    """UDP datagrams to `dst` from each source port in `ports` (each port is a 5-tuple)."""
+    script = (
+        "import socket,sys\n"
+        "dst=sys.argv[1]\n"
+        "for port in map(int, sys.argv[2:]):\n"
+        "    s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('', port))\n"
+        f"    [s.sendto(b'x'*1000, (dst, 9)) for _ in range({packets})]\n"
+        "    s.close()\n"
+    )
+    proc = lab.popen(src, [sys.executable, "-c", script, dst, *map(str, ports)], stdout=-1, stderr=-1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+def _uplink_tx(lab, edge: str) -> dict[str, int]:
+    with kernel.Netlink() as nl:
+        links = kernel.links_in(nl, lab.namespace(edge))
+    aggs = {l.other(edge).node: l.a.interface if l.a.node == edge else l.b.interface
+            for l in lab.topology.links_of(edge) if l.other(edge).node.startswith(edge[:2] + "a")}
+    return {agg: links[ifname]["tx_bytes"] for agg, ifname in aggs.items()}
+
+
+def test_ecmp_spreads_flows_and_keeps_each_flow_on_one_uplink(make_lab):
+    lab = make_lab("fattree,4", **{"servers.runtime": "netns"})
+    dst = str(lab.topology.address_of("p1e0h0"))
+    before = _uplink_tx(lab, "p0e0")
+    _send_udp_flows(lab, "p0e0h0", dst, list(range(40000, 40064)))
+    spread = {agg: tx - before[agg] for agg, tx in _uplink_tx(lab, "p0e0").items()}
+    total = sum(spread.values())
+    assert len(spread) == 2 and total >= 64 * 20 * 1000
+    assert min(spread.values()) > 0.1 * total, spread  # 64 flows, hashed: both uplinks used
+    before = _uplink_tx(lab, "p0e0")
+    _send_udp_flows(lab, "p0e0h0", dst, [41000], packets=200)  # one 5-tuple
+    single = {agg: tx - before[agg] for agg, tx in _uplink_tx(lab, "p0e0").items()}
+    assert sorted(v > 100_000 for v in single.values()) == [False, True], single
+
+
+def test_fabric_down_leaves_only_the_management_network(make_lab):
+    lab = make_lab("bcube,3,1", **{"servers.runtime": "netns"})
+    for link in lab.topology.links:
+        lab.set_link(link.a.node, link.b.node, up=False)
+    servers = [s.name for s in lab.topology.servers]
+    assert len(unreachable_pairs(lab, sources=servers[:3])) == 3 * (len(servers) - 1)
+    # the orchestrator (root namespace) still reaches every server over management
+    for server in servers:
+        ping = subprocess.run(["ping", "-c1", "-W1", str(lab.mgmt_address(server))], capture_output=True)
+        assert ping.returncode == 0, server
+    # servers cannot use the management bridge to reach each other (isolated ports)
+    assert len(unreachable_pairs(lab, sources=servers[:2], via="mgmt")) == 2 * (len(servers) - 1)
+    # and bringing the fabric back restores the data plane
+    for link in lab.topology.links:
+        lab.set_link(link.a.node, link.b.node, up=True)
+    assert unreachable_pairs(lab, sources=servers[:2]) == []
+
+
+def test_management_network_is_not_routed_into_the_fabric(make_lab):
+    lab = make_lab("fattree,4", **{"servers.runtime": "netns"})
+    subnet = lab.plan.mgmt_subnet
+    for node in lab.topology.nodes:
+        routes = lab.exec(node, ["ip", "-j", "route"]).stdout
+        for route in json.loads(routes):
+            if route["dst"] != "default":
+                net = ipaddress.IPv4Network(route["dst"], strict=False)
+                assert not (net.overlaps(subnet) and route.get("dev") != "mgmt0"), (node, route)
+    assert "mgmt0" not in lab.exec("p0e0", ["ip", "-br", "link"]).stdout  # switches have none
+
+
+def test_two_labs_side_by_side(make_lab):
+    a = make_lab("star,3", name="side-a", **{"servers.runtime": "netns"})
+    b = make_lab("star,3", name="side-b", **{"servers.runtime": "netns"})
+    assert a.plan.mgmt_subnet != b.plan.mgmt_subnet
+    assert a.plan.mgmt_bridge != b.plan.mgmt_bridge
+    assert unreachable_pairs(a) == [] and unreachable_pairs(b) == []
+    b.down()
+    assert unreachable_pairs(a) == []
+
+
+def test_second_up_of_a_live_lab_is_refused(make_lab):
+    lab = make_lab("star,2", **{"servers.runtime": "netns"})
+    with pytest.raises(LabExists, match="already live"):
+        Lab.up(lab.spec)
+    assert unreachable_pairs(lab) == []  # and the live one is untouched
+
+
+def test_unknown_node_is_a_clear_error(make_lab):
+    lab = make_lab("star,2", **{"servers.runtime": "netns"})
+    with pytest.raises(NodeNotFound, match="no node 'h9'"):
+        lab.exec("h9", "true")
+
+
+@pytest.mark.parametrize("asked,feature", [
+    ({"links.delay": "5ms"}, "netem"),
+    ({"links.loss": 1}, "netem"),
+    ({"rdma": "softroce"}, "rdma_rxe"),
+])
+def test_lab_needing_a_missing_kernel_feature_is_refused_before_building(asked, feature):
+    if features.kernel_features()[feature]:
+        pytest.skip(f"this kernel has {feature}; the refusal path cannot be exercised here")
+    spec = lab_from_argument("star,2", name="refused", **{"servers.runtime": "netns", **asked})
+    with pytest.raises(MissingFeature) as raised:
+        Lab.up(spec)
+    message = str(raised.value)
+    assert "\n" not in message and ("sch_netem" in message or "rdma_rxe" in message)
+    assert not LabState("refused").exists()
+    assert kernel.list_namespaces("testbed-refused-") == []
+
+
+def test_cli_up_status_exec_down(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}
+    testbed = [sys.executable, "-m", "orchestrator.cli"]
+    run = lambda *args: subprocess.run(testbed + list(args), capture_output=True, text=True, env=env, timeout=120)
+    up = run("up", "bcube,3,1", "--runtime", "netns", "--name", "cli-lab")
+    try:
+        assert up.returncode == 0, up.stderr
+        status = json.loads(run("status", "cli-lab", "--json").stdout)
+        assert len(status["nodes"]) == 15 and all(n["alive"] for n in status["nodes"])
+        assert run("exec", "cli-lab", "h00", "--", "ping", "-c1", "-W1", "10.1.2.1").returncode == 0
+        assert run("exec", "cli-lab", "h00", "--", "sh", "-c", "exit 7").returncode == 7
+        listed = json.loads(run("ls", "--json").stdout)
+        assert [l["name"] for l in listed if l["name"] == "cli-lab"] == ["cli-lab"]
+        missing = run("status", "no-such-lab")
+        assert missing.returncode == 1 and "no lab named 'no-such-lab'" in missing.stderr
+    finally:
+        down = run("down", "cli-lab")
+    assert down.returncode == 0, down.stderr
+    assert run("clean", "cli-lab").stdout.strip() == "nothing to clean"
+
+
+def test_mininet_cli_pingall_on_a_live_lab(make_lab):
+    lab = make_lab("bcube,3,1", **{"servers.runtime": "netns"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "cli", lab.name],
+        input="pingall\nexit\n", capture_output=True, text=True, timeout=120,
+    )
+    assert "Results: 0% dropped (72/72 received)" in proc.stdout + proc.stderr
+    # the Mininet nodes were attached, never created: the lab is unchanged
+    assert unreachable_pairs(lab, sources=["h00"]) == []
+
+
+def test_python_api_hands_out_mininet_nodes():
+    spec = lab_from_argument("star,3", name="api-lab", **{"servers.runtime": "netns"})
+    with Lab.up(spec) as lab:
+        h0 = lab.net["h0"]
+        assert "10.0.0.1/24" in h0.cmd("ip -br addr show dev h0-eth0")
+        assert "1 received" in h0.cmd("ping -c1 -W1", lab.net["h2"].IP())
+    assert not LabState("api-lab").exists()
+    assert kernel.list_namespaces("testbed-api-lab-") == []
