@@ -1,0 +1,153 @@
+"""A collective is a schedule: ordered steps of point-to-point transfers and reductions.
+
+Every participant ("rank") holds one flat buffer of `size` elements. Workers start with
+their own gradient; parameter servers start with zeros. A schedule is a list of steps;
+a step is a set of transfers that may run at once. A transfer sends `length` elements
+starting at `offset` from `src` to `dst`, where they are either added into (`reduce`) or
+written over (`copy`) the same range of the receiver's buffer.
+
+Semantics, which the agents, the in-process simulator and the cost model all share:
+- sends of step s read the sender's buffer as it is after every receive of steps < s;
+- a rank never sends and receives overlapping ranges in the same step (`validate` checks),
+  so nothing needs a snapshot and no whole-model copy is ever made;
+- at the end, every worker's buffer holds the sum of all workers' gradients.
+
+`nic` optionally names the sender's NIC level (BCube level, torus dimension·2+direction)
+the transfer is meant to leave by; `to_address` in the agent turns it into the peer's
+address on that NIC's subnet, so routing takes the intended NIC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+
+Op = Literal["reduce", "copy"]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    offset: int
+    length: int
+    op: Op
+    nic: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass
+class Schedule:
+    """Steps of transfers over `ranks` participants, of which `workers` contribute data."""
+
+    algorithm: str
+    ranks: int
+    size: int  # elements in every buffer
+    steps: list[list[Transfer]] = field(default_factory=list)
+    workers: tuple[int, ...] = ()  # ranks holding a gradient (default: all)
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            self.workers = tuple(range(self.ranks))
+
+    @property
+    def servers(self) -> tuple[int, ...]:
+        """Ranks that only aggregate (parameter servers): they start from zeros."""
+        return tuple(r for r in range(self.ranks) if r not in self.workers)
+
+    def add_step(self, transfers: Iterable[Transfer]) -> None:
+        step = [t for t in transfers if t.length > 0]  # empty chunks of tiny tensors vanish
+        if step:
+            self.steps.append(step)
+
+    def transfers(self) -> Iterable[tuple[int, Transfer]]:
+        for index, step in enumerate(self.steps):
+            for transfer in step:
+                yield index, transfer
+
+    def bytes_sent(self, itemsize: int = 4) -> list[int]:
+        """Bytes each rank sends over the whole schedule."""
+        sent = [0] * self.ranks
+        for _, t in self.transfers():
+            sent[t.src] += t.length * itemsize
+        return sent
+
+    def bytes_received(self, itemsize: int = 4) -> list[int]:
+        received = [0] * self.ranks
+        for _, t in self.transfers():
+            received[t.dst] += t.length * itemsize
+        return received
+
+
+class ScheduleError(ValueError):
+    """A schedule that breaks the rules above (a bug in an algorithm)."""
+
+
+def validate(schedule: Schedule) -> None:
+    """Check ranks, ranges, and that no rank sends and receives overlapping ranges in a step."""
+    for index, step in enumerate(schedule.steps):
+        sending: dict[int, list[tuple[int, int]]] = {}
+        receiving: dict[int, list[tuple[int, int]]] = {}
+        for t in step:
+            if not (0 <= t.src < schedule.ranks and 0 <= t.dst < schedule.ranks) or t.src == t.dst:
+                raise ScheduleError(f"step {index}: bad ranks in {t}")
+            if t.offset < 0 or t.length < 0 or t.end > schedule.size:
+                raise ScheduleError(f"step {index}: range outside the buffer in {t}")
+            sending.setdefault(t.src, []).append((t.offset, t.end))
+            receiving.setdefault(t.dst, []).append((t.offset, t.end))
+        for rank, sends in sending.items():
+            for a, b in sends:
+                for c, d in receiving.get(rank, []):
+                    if a < d and c < b:
+                        raise ScheduleError(
+                            f"step {index}: rank {rank} sends [{a},{b}) while receiving [{c},{d})"
+                        )
+        copies: dict[tuple[int, int, int], int] = {}
+        for t in step:
+            if t.op == "copy":
+                key = (t.dst, t.offset, t.end)
+                copies[key] = copies.get(key, 0) + 1
+                if copies[key] > 1:
+                    raise ScheduleError(f"step {index}: rank {t.dst} receives two copies of one range")
+
+
+def simulate(schedule: Schedule, gradients: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run a schedule in-process: the buffers every rank ends with.
+
+    `gradients` has one array per worker (in the order of `schedule.workers`). Sends of a
+    step read the buffers as they were at the start of the step, exactly as the agents do.
+    """
+    validate(schedule)
+    if len(gradients) != len(schedule.workers):
+        raise ValueError(f"{len(gradients)} gradients for {len(schedule.workers)} workers")
+    dtype = np.result_type(*gradients) if gradients else np.float32
+    buffers = [np.zeros(schedule.size, dtype=dtype) for _ in range(schedule.ranks)]
+    for rank, gradient in zip(schedule.workers, gradients):
+        buffers[rank][:] = gradient
+    for step in schedule.steps:
+        payloads = [(t, buffers[t.src][t.offset : t.end].copy()) for t in step]
+        for t, data in payloads:
+            target = buffers[t.dst][t.offset : t.end]
+            if t.op == "reduce":
+                target += data
+            else:
+                target[:] = data
+    return buffers
+
+
+def chunks(offset: int, length: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous (offset, length) pieces of a range, sizes differing by at most 1
+    (the first `length % parts` pieces are one longer); pieces may be empty."""
+    base, extra = divmod(length, parts)
+    pieces, start = [], offset
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        pieces.append((start, size))
+        start += size
+    return pieces
