@@ -357,19 +357,17 @@ class _Builder:
                 names.add(MGMT_IF)
             wanted[self.plan.namespaces[node.name]] = names
         deadline = time.monotonic() + timeout
-        while True:
-            waiting = {
-                f"{ns}:{name}"
-                for ns, names in wanted.items()
-                for name, info in kernel.links_in(self.nl, ns).items()
-                if name in names and info["state"] != "UP"
-            }
-            if not waiting:
-                self.progress("ready", 1, 1)
-                return
+        while wanted:
+            for ns in list(wanted):  # a namespace found ready is not looked at again
+                states = kernel.links_in(self.nl, ns)
+                if all(states.get(name, {}).get("state") == "UP" for name in wanted[ns]):
+                    del wanted[ns]
+            if not wanted:
+                break
             if time.monotonic() > deadline:
-                raise EmulationError(f"interfaces still down after {timeout:.0f} s: {', '.join(sorted(waiting)[:5])}")
+                raise EmulationError(f"interfaces still down after {timeout:.0f} s in {', '.join(sorted(wanted)[:3])}")
             time.sleep(0.05)
+        self.progress("ready", 1, 1)
 
     def softroce(self) -> None:
         """An rxe device on every data NIC of every server (`rdma link add` in its namespace)."""

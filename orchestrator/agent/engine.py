@@ -1,0 +1,196 @@
+"""Executing one rank's plan over gRPC: streamed transfers into and out of one buffer.
+
+Each scheduled transfer is one `Data.Push` call streaming chunks of the range; the receiver
+adds (or copies) each chunk straight into its buffer as it arrives — no staging copy of the
+model. A partition moves through its steps in order: a rank enters step s once its sends
+and receives of earlier steps are done, and a receiver applies data for step s only after
+it has entered step s (until then the sender's stream waits, held back by HTTP/2 flow
+control). That is exactly the schedule's semantics, with no global barrier.
+
+Partitions start in priority order, with at most `credit_bytes` of them in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from orchestrator.agent.plan import PartitionPlan, Send
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.max_send_message_length", 64 * 2**20),
+    # large windows: one stream must be able to fill a fast link on its own
+    ("grpc.http2.bdp_probe", 1),
+]
+
+
+@dataclass
+class _PartitionState:
+    position: int = -1  # index into the partition's steps: the step the rank is in
+    entered_step: int = -1  # schedule step number entered (-1: not started)
+    remaining: dict[int, int] = field(default_factory=dict)  # step → elements still to receive
+    received: dict[int, asyncio.Event] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs allreduce iterations for one rank."""
+
+    def __init__(
+        self,
+        run_id: str,
+        rank: int,
+        plans: list[PartitionPlan],
+        buffer: np.ndarray,
+        peers: dict[int, dict],
+        chunk_bytes: int,
+        credit_bytes: int,
+        counters,
+    ) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.plans = plans
+        self.buffer = buffer
+        self.peers = peers  # rank → {"address": host:port, "by_nic": {nic: host:port}, "node": name}
+        self.chunk_elements = max(1, chunk_bytes // buffer.itemsize)
+        self.credit_bytes = credit_bytes
+        self.counters = counters  # callable(peer_node, sent_bytes, received_bytes)
+        self.iteration = -1
+        self.states: dict[int, _PartitionState] = {}
+        self.changed = asyncio.Condition()
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.stubs: dict[str, pb_grpc.DataStub] = {}
+        self.sent = 0
+        self.received = 0
+
+    # -- receiving (called by the Data servicer) ------------------------------------------
+    async def accept(self, first: pb.Chunk, rest) -> None:
+        """Apply one incoming transfer, waiting until this rank has entered its step."""
+        if first.run_id != self.run_id:
+            raise ValueError(f"chunk of run {first.run_id!r}, this agent runs {self.run_id!r}")
+        async with self.changed:
+            await self.changed.wait_for(lambda: self._ready_for(first))
+        state = self.states[first.partition]
+        count = self._apply(first)
+        async for chunk in rest:
+            count += self._apply(chunk)
+        remaining = state.remaining[first.step] - count
+        state.remaining[first.step] = remaining
+        if remaining <= 0:
+            state.received[first.step].set()
+        peer = self.peers.get(first.src, {}).get("node", str(first.src))
+        self.received += count * self.buffer.itemsize
+        self.counters(peer, 0, count * self.buffer.itemsize)
+
+    def _ready_for(self, chunk: pb.Chunk) -> bool:
+        if chunk.iteration < self.iteration:
+            raise ValueError(f"chunk for finished iteration {chunk.iteration}")
+        if chunk.iteration > self.iteration:
+            return False
+        state = self.states.get(chunk.partition)
+        return state is not None and state.entered_step >= chunk.step
+
+    def _apply(self, chunk: pb.Chunk) -> int:
+        data = np.frombuffer(chunk.data, dtype=self.buffer.dtype)
+        if len(data) != chunk.count:
+            raise ValueError(f"chunk carries {len(data)} elements, header says {chunk.count}")
+        view = self.buffer[chunk.offset : chunk.offset + chunk.count]
+        if chunk.copy:
+            view[:] = data
+        else:
+            np.add(view, data, out=view)
+        return chunk.count
+
+    # -- sending --------------------------------------------------------------------------
+    def _stub(self, send: Send) -> pb_grpc.DataStub:
+        peer = self.peers[send.dst]
+        target = peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
+        if target not in self.stubs:
+            self.channels[target] = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self.stubs[target] = pb_grpc.DataStub(self.channels[target])
+        return self.stubs[target]
+
+    async def _send(self, partition: int, step: int, send: Send) -> None:
+        iteration, step_size = self.iteration, self.chunk_elements
+
+        async def chunks():
+            for start in range(send.offset, send.offset + send.count, step_size):
+                count = min(step_size, send.offset + send.count - start)
+                yield pb.Chunk(
+                    run_id=self.run_id, iteration=iteration, partition=partition, step=step,
+                    src=self.rank, offset=start, count=count, copy=send.copy,
+                    data=self.buffer[start : start + count].tobytes(),
+                )
+
+        ack = await self._stub(send).Push(chunks())
+        if not ack.ok:
+            raise RuntimeError(f"rank {send.dst} refused a transfer: {ack.error}")
+        size = send.count * self.buffer.itemsize
+        self.sent += size
+        self.counters(self.peers[send.dst].get("node", str(send.dst)), size, 0)
+
+    # -- one allreduce --------------------------------------------------------------------
+    async def allreduce(self, iteration: int) -> None:
+        async with self.changed:
+            self.iteration = iteration
+            self.states = {p.index: _PartitionState() for p in self.plans}
+            for plan in self.plans:
+                state = self.states[plan.index]
+                for step in plan.steps:
+                    state.remaining[step.step] = step.recv
+                    state.received[step.step] = asyncio.Event()
+                    if step.recv == 0:
+                        state.received[step.step].set()
+            self.changed.notify_all()
+        credit = asyncio.Condition()
+        in_flight = [0]
+        tasks = []
+
+        async def run(plan: PartitionPlan, cost: int) -> None:
+            try:
+                await self._run_partition(plan)
+            finally:
+                async with credit:
+                    in_flight[0] -= cost
+                    credit.notify_all()
+
+        for plan in sorted(self.plans, key=lambda p: (p.priority, p.index)):
+            cost = plan.length * self.buffer.itemsize
+            if self.credit_bytes:
+                async with credit:
+                    await credit.wait_for(lambda: in_flight[0] == 0 or in_flight[0] + cost <= self.credit_bytes)
+                    in_flight[0] += cost
+            tasks.append(asyncio.create_task(run(plan, cost)))
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+
+    async def _run_partition(self, plan: PartitionPlan) -> None:
+        state = self.states[plan.index]
+        for position, step in enumerate(plan.steps):
+            async with self.changed:
+                state.position, state.entered_step = position, step.step
+                self.changed.notify_all()
+            await asyncio.gather(
+                *(self._send(plan.index, step.step, send) for send in step.sends),
+                state.received[step.step].wait(),
+            )
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+        self.channels.clear()
+        self.stubs.clear()
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,247 @@
+"""`testbed-agent`: one process per server, a gRPC Control service on the management address
+and a gRPC Data service on the data-plane addresses.
+
+    testbed-agent --node h00 --control 198.18.0.2:7000 --data 10.0.0.1:7001,10.1.0.1:7001 \
+                  --metrics 198.18.0.2:9100
+
+The orchestrator configures a run (this rank's plan, its peers' addresses, the workload),
+starts it, polls status and collects per-iteration records; see orchestrator/runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import time
+import traceback
+
+import grpc
+import numpy as np
+
+from orchestrator.agent import plan as plan_format
+from orchestrator.agent import workload as workloads
+from orchestrator.agent.engine import CHANNEL_OPTIONS, Engine
+from orchestrator.agent.metrics import Metrics
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
+
+
+class Agent:
+    def __init__(self, node: str, metrics: Metrics) -> None:
+        self.node = node
+        self.metrics = metrics
+        self.state = "idle"
+        self.error = ""
+        self.config: pb.RunConfig | None = None
+        self.engine: Engine | None = None
+        self.records: list[pb.IterationRecord] = []
+        self.iteration = 0
+        self.task: asyncio.Task | None = None
+        self.ready = asyncio.Condition()
+        self.started = time.time()
+        self.stopping = asyncio.Event()
+        self.buffer_bytes = 0
+
+    # -- control ----------------------------------------------------------------------------
+    async def configure(self, config: pb.RunConfig) -> None:
+        if self.state == "running":
+            raise RuntimeError("a run is in progress: Stop it first")
+        if self.engine is not None:
+            await self.engine.close()
+        peers = {
+            p.rank: {"address": p.address, "by_nic": dict(p.by_nic), "node": p.node} for p in config.peers
+        }
+        buffer = np.zeros(config.size, dtype=np.float32)
+        self.buffer_bytes = buffer.nbytes
+        self.engine = Engine(
+            config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
+            config.chunk_bytes or 2**20, config.credit_bytes, self.metrics.count_bytes,
+        )
+        async with self.ready:
+            self.config, self.records, self.error, self.iteration = config, [], "", 0
+            self.state = "configured"
+            self.ready.notify_all()
+        self.metrics.rank.set(config.rank)
+
+    def start(self, run_id: str) -> None:
+        if self.config is None or self.config.run_id != run_id:
+            raise RuntimeError(f"run {run_id!r} is not the configured one")
+        if self.state != "configured":
+            raise RuntimeError(f"cannot start from state {self.state}")
+        self.state = "running"
+        self.task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
+                pass
+        if self.state == "running":
+            self.state, self.error = "failed", "stopped"
+
+    async def engine_for(self, run_id: str) -> Engine:
+        """The engine of run `run_id`, waiting for it to be configured (peers may be early)."""
+        async with self.ready:
+            await asyncio.wait_for(
+                self.ready.wait_for(lambda: self.config is not None and self.config.run_id == run_id), 60
+            )
+        return self.engine
+
+    # -- a run ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        config, engine = self.config, self.engine
+        spec = json.loads(config.workload_json or "{}")
+        worker = config.role == "worker"
+        model = workloads.DigitsMLP(spec, config.workers) if worker and spec.get("kind") == "real" else None
+        rng = np.random.default_rng(config.rank)
+        try:
+            for iteration in range(config.iterations):
+                self.iteration = iteration
+                started = time.perf_counter()
+                loss = 0.0
+                if not worker:
+                    engine.buffer[:] = 0
+                elif model is not None:
+                    loss = model.gradient(iteration, engine.buffer)
+                else:
+                    workloads.emulated_gradient(config.rank, iteration, len(engine.buffer), engine.buffer)
+                if worker:
+                    await workloads.compute(spec, started)
+                compute_s = time.perf_counter() - started
+                sent, received = engine.sent, engine.received
+                wall, begin = time.time(), time.perf_counter()
+                await engine.allreduce(iteration)
+                gst = time.perf_counter() - begin
+                record = pb.IterationRecord(
+                    iteration=iteration, gst_seconds=gst, compute_seconds=compute_s,
+                    bytes_sent=engine.sent - sent, bytes_received=engine.received - received,
+                    start_time=wall,
+                )
+                if model is not None:
+                    record.loss, record.param_digest = loss, model.apply(engine.buffer)
+                    self.metrics.loss.set(loss)
+                elif worker:
+                    record.verified = workloads.check_sum(engine.buffer, config.workers, iteration, rng)
+                    if not record.verified:
+                        raise RuntimeError(f"iteration {iteration}: the reduced buffer is wrong")
+                self.records.append(record)
+                self.metrics.gst.labels(config.algorithm).observe(gst)
+                self.metrics.compute.observe(compute_s)
+                self.metrics.iterations.labels(config.algorithm).inc()
+            self.state = "done"
+        except asyncio.CancelledError:
+            self.state, self.error = "failed", "stopped"
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, not lost
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.metrics.errors.inc()
+            traceback.print_exc()
+
+    def results(self) -> pb.RunResults:
+        usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return pb.RunResults(
+            run_id=self.config.run_id if self.config else "", rank=self.config.rank if self.config else 0,
+            node=self.node, records=self.records, error=self.error,
+            peak_rss_mib=usage, buffer_mib=self.buffer_bytes / 2**20,
+        )
+
+
+class ControlService(pb_grpc.ControlServicer):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def Configure(self, request, context):  # noqa: N802 (gRPC's names)
+        try:
+            await self.agent.configure(request)
+            return pb.Ack(ok=True)
+        except Exception as exc:  # noqa: BLE001 - the reply carries it
+            return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
+
+    async def Start(self, request, context):  # noqa: N802
+        try:
+            self.agent.start(request.run_id)
+            return pb.Ack(ok=True)
+        except Exception as exc:  # noqa: BLE001
+            return pb.Ack(ok=False, error=str(exc))
+
+    async def Status(self, request, context):  # noqa: N802
+        a = self.agent
+        return pb.AgentStatus(
+            state=a.state, run_id=a.config.run_id if a.config else "", rank=a.config.rank if a.config else 0,
+            iteration=a.iteration, error=a.error,
+        )
+
+    async def Results(self, request, context):  # noqa: N802
+        return self.agent.results()
+
+    async def Stop(self, request, context):  # noqa: N802
+        await self.agent.stop()
+        return pb.Ack(ok=True)
+
+    async def Health(self, request, context):  # noqa: N802
+        return pb.HealthReply(ok=True, node=self.agent.node, pid=os.getpid(), uptime_seconds=time.time() - self.agent.started)
+
+    async def Shutdown(self, request, context):  # noqa: N802
+        self.agent.stopping.set()
+        return pb.Ack(ok=True)
+
+
+class DataService(pb_grpc.DataServicer):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def Push(self, request_iterator, context):  # noqa: N802
+        try:
+            first = await anext(request_iterator)
+            engine = await self.agent.engine_for(first.run_id)
+            await engine.accept(first, request_iterator)
+            return pb.Ack(ok=True)
+        except Exception as exc:  # noqa: BLE001 - the sender reports it
+            return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
+
+
+async def serve(node: str, control: str, data: list[str], metrics_at: str | None) -> None:
+    metrics = Metrics(node)
+    if metrics_at:
+        host, _, port = metrics_at.rpartition(":")
+        metrics.serve(host, int(port))
+    agent = Agent(node, metrics)
+    control_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pb_grpc.add_ControlServicer_to_server(ControlService(agent), control_server)
+    _bind(control_server, control)
+    data_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pb_grpc.add_DataServicer_to_server(DataService(agent), data_server)
+    for address in data:
+        _bind(data_server, address)
+    await control_server.start()
+    await data_server.start()
+    print(f"testbed-agent {node}: control {control}, data {','.join(data)}", flush=True)
+    await agent.stopping.wait()
+    await agent.stop()
+    await asyncio.sleep(0.1)  # let the Shutdown reply leave
+    await data_server.stop(0.5)
+    await control_server.stop(0.5)
+
+
+def _bind(server: grpc.aio.Server, address: str) -> None:
+    if server.add_insecure_port(address) == 0:
+        raise SystemExit(f"testbed-agent: cannot listen on {address}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="testbed-agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--node", required=True, help="this server's name in the lab")
+    parser.add_argument("--control", required=True, help="host:port on the management network")
+    parser.add_argument("--data", required=True, help="comma-separated host:port on data NICs")
+    parser.add_argument("--metrics", help="host:port for Prometheus metrics (management network)")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.node, args.control, args.data.split(","), args.metrics))
+
+
+if __name__ == "__main__":
+    main()

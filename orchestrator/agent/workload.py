@@ -1,0 +1,119 @@
+"""What a worker computes each iteration: an emulated gradient, or a real model's.
+
+Workload JSON (built by orchestrator.runner.workloads):
+
+    {"kind": "emulated", "tensors": [elements, …], "compute_seconds": 0.05}
+    {"kind": "real", "tensors": [...], "model": "digits-mlp", "hidden": 32, "lr": 0.5,
+     "batch": 64, "seed": 0, "data": {"x": [[...]], "y": [...]}}   # this worker's shard
+
+Emulated gradients are small integers, so any summation order gives the exact same sum
+and every reduced buffer can be checked. The real model is a numpy MLP on scikit-learn's
+bundled digits (no download). Its gradients are sent as fixed-point integers (scaled so
+that the sum of all workers stays below 2^24, where float32 is exact), so every algorithm
+and every worker ends with bit-identical parameters — reproducibility the field expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import numpy as np
+
+CHECK_POSITIONS = 1024
+
+
+BLOCK = 1 << 16
+
+
+def emulated_gradient(rank: int, iteration: int, size: int, out: np.ndarray) -> None:
+    """Small integers that depend on rank, iteration and position (exactly summable).
+
+    The pattern repeats every 17 positions, so it is built once and tiled block by block:
+    no temporary as large as the buffer (agent memory stays ~ the buffer itself).
+    """
+    base = (np.arange(BLOCK + 17, dtype=np.int64) * 7 + rank * 13 + iteration * 5) % 17 - 8
+    pattern = base.astype(out.dtype)
+    for start in range(0, size, BLOCK):
+        count = min(BLOCK, size - start)
+        shift = start % 17
+        out[start : start + count] = pattern[shift : shift + count]
+
+
+def check_sum(buffer: np.ndarray, workers: int, iteration: int, rng: np.random.Generator) -> bool:
+    """Compare sampled positions of the reduced buffer with the exact sum over workers."""
+    size = len(buffer)
+    positions = np.unique(np.concatenate([[0, size - 1], rng.integers(0, size, min(CHECK_POSITIONS, size))]))
+    expected = np.zeros(len(positions), dtype=np.int64)
+    for rank in range(workers):
+        expected += (positions * 7 + rank * 13 + iteration * 5) % 17 - 8
+    return bool(np.array_equal(buffer[positions].astype(np.int64), expected))
+
+
+class DigitsMLP:
+    """A one-hidden-layer MLP (64 → hidden → 10) trained with plain SGD on a data shard."""
+
+    def __init__(self, spec: dict, workers: int) -> None:
+        self.hidden = spec.get("hidden", 32)
+        self.lr = spec.get("lr", 0.5)
+        self.batch = spec.get("batch", 64)
+        self.workers = workers
+        rng = np.random.default_rng(spec.get("seed", 0))  # same seed: same start on every worker
+        self.params = [
+            rng.normal(0, 0.1, (64, self.hidden)),
+            np.zeros(self.hidden),
+            rng.normal(0, 0.1, (self.hidden, 10)),
+            np.zeros(10),
+        ]
+        self.x = np.asarray(spec["data"]["x"], dtype=np.float64) / 16.0
+        self.y = np.asarray(spec["data"]["y"], dtype=np.int64)
+        self.scale = spec.get("scale") or (2.0**23 / (workers * spec.get("clip", 8.0)))
+        self.clip = spec.get("clip", 8.0)
+
+    @staticmethod
+    def tensor_sizes(hidden: int) -> list[int]:
+        return [64 * hidden, hidden, hidden * 10, 10]
+
+    def gradient(self, iteration: int, out: np.ndarray) -> float:
+        """Fixed-point gradient of this worker's minibatch into `out`; returns the batch loss."""
+        start = (iteration * self.batch) % max(1, len(self.x))
+        index = np.arange(start, start + self.batch) % len(self.x)
+        x, y = self.x[index], self.y[index]
+        w1, b1, w2, b2 = self.params
+        hidden = np.tanh(x @ w1 + b1)
+        logits = hidden @ w2 + b2
+        logits -= logits.max(axis=1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=1, keepdims=True)
+        loss = float(-np.log(probs[np.arange(len(y)), y] + 1e-12).mean())
+        delta = probs
+        delta[np.arange(len(y)), y] -= 1
+        delta /= len(y)
+        g_w2, g_b2 = hidden.T @ delta, delta.sum(axis=0)
+        back = (delta @ w2.T) * (1 - hidden**2)
+        g_w1, g_b1 = x.T @ back, back.sum(axis=0)
+        flat = np.concatenate([g.ravel() for g in (g_w1, g_b1, g_w2, g_b2)])
+        out[:] = np.round(np.clip(flat, -self.clip, self.clip) * self.scale)
+        return loss
+
+    def apply(self, reduced: np.ndarray) -> str:
+        """Average the reduced fixed-point gradient, step, and digest the parameters."""
+        mean = reduced.astype(np.float64) / (self.scale * self.workers)
+        offset = 0
+        for param in self.params:
+            size = param.size
+            param -= self.lr * mean[offset : offset + size].reshape(param.shape)
+            offset += size
+        digest = hashlib.sha256()
+        for param in self.params:
+            digest.update(np.ascontiguousarray(param).tobytes())
+        return digest.hexdigest()[:16]
+
+
+async def compute(spec: dict, started: float) -> None:
+    """Emulated compute: wait out whatever of `compute_seconds` the gradient fill did not use."""
+    seconds = spec.get("compute_seconds", 0.0)
+    left = seconds - (time.perf_counter() - started)
+    if left > 0:
+        await asyncio.sleep(left)

@@ -1,0 +1,170 @@
+"""Driving a run: build every rank's plan, configure all agents, start them, wait, collect.
+
+The orchestrator talks to agents only through their Control service (on the management
+network when in a lab); the agents move gradients among themselves over the data plane.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from orchestrator.agent.plan import build_rank_plans
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import partitions
+from orchestrator.errors import TestbedError
+
+BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message_length", 256 * 2**20)]
+
+
+class RunError(TestbedError):
+    """A run failed on some agent; the message names the rank and node."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one agent."""
+
+    rank: int
+    node: str
+    control: str  # host:port (management network)
+    data: str  # default host:port for data
+    by_nic: dict = field(default_factory=dict)  # NIC index → host:port on that NIC's subnet
+    role: str = "worker"
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    algorithm: str
+    results: list[pb.RunResults]
+    size_bytes: int
+    wall_seconds: float
+
+    def gst(self) -> list[float]:
+        """Per iteration, the synchronisation time of the slowest worker."""
+        workers = [r for r in self.results if r.records and r.records[0].bytes_sent >= 0]
+        iterations = min(len(r.records) for r in workers)
+        return [max(r.records[i].gst_seconds for r in workers) for i in range(iterations)]
+
+    def records(self) -> list[dict]:
+        return [
+            {"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,
+             "compute_s": rec.compute_seconds, "bytes_sent": rec.bytes_sent, "bytes_received": rec.bytes_received,
+             "loss": rec.loss, "param_digest": rec.param_digest, "verified": rec.verified}
+            for r in self.results for rec in r.records
+        ]
+
+
+def _stub(endpoint: Endpoint) -> pb_grpc.ControlStub:
+    return pb_grpc.ControlStub(grpc.insecure_channel(endpoint.control, options=BIG))
+
+
+def wait_healthy(endpoints: list[Endpoint], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    for endpoint in endpoints:
+        while True:
+            try:
+                _stub(endpoint).Health(pb.Empty(), timeout=2)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise RunError(f"agent of {endpoint.node} ({endpoint.control}) is not answering") from None
+                time.sleep(0.2)
+
+
+def run(
+    endpoints: list[Endpoint],
+    algorithm: str,
+    tensors: list[int],
+    workloads: list[dict] | dict,
+    iterations: int = 3,
+    ctx: Context | None = None,
+    partition_bytes: int | None = None,
+    credit_bytes: int = 0,
+    chunk_bytes: int = 2**20,
+    timeout: float = 600.0,
+) -> RunResult:
+    """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
+
+    `workloads` is one workload for all workers or one per worker (real workloads carry
+    each worker's data shard). Endpoints with role "ps" are parameter servers.
+    """
+    workers = [e for e in endpoints if e.role == "worker"]
+    ctx = ctx or Context(len(workers))
+    size = sum(tensors)
+    parts = partitions(tensors, partition_bytes)
+    schedules = registry.schedules(algorithm, ctx, size, parts)
+    ranks = schedules[0][1].ranks if schedules else len(endpoints)
+    if ranks != len(endpoints):
+        raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
+    plans = build_rank_plans(schedules, ranks)
+    run_id = uuid.uuid4().hex[:12]
+    peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
+    per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
+
+    def configure(endpoint: Endpoint) -> None:
+        spec = per_worker[endpoint.rank] if endpoint.role == "worker" else {"kind": "server"}
+        reply = _stub(endpoint).Configure(
+            pb.RunConfig(
+                run_id=run_id, rank=endpoint.rank, role=endpoint.role, peers=peers, algorithm=algorithm,
+                plan_json=plans[endpoint.rank], size=size, iterations=iterations,
+                workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
+                workers=len(workers),
+            ),
+            timeout=60,
+        )
+        if not reply.ok:
+            raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(configure, endpoints))
+        started = time.monotonic()
+        for reply, endpoint in zip(pool.map(lambda e: _stub(e).Start(pb.StartRequest(run_id=run_id), timeout=30), endpoints), endpoints):
+            if not reply.ok:
+                raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
+    _wait(endpoints, started + timeout)
+    wall = time.monotonic() - started
+    results = [_stub(e).Results(pb.Empty(), timeout=30) for e in endpoints]
+    return RunResult(run_id, algorithm, results, size * 4, wall)
+
+
+def _wait(endpoints: list[Endpoint], deadline: float) -> None:
+    pending = list(endpoints)
+    while pending:
+        for endpoint in list(pending):
+            status = _stub(endpoint).Status(pb.Empty(), timeout=10)
+            if status.state == "failed":
+                _stop_all(endpoints)
+                raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
+            if status.state == "done":
+                pending.remove(endpoint)
+        if pending and time.monotonic() > deadline:
+            _stop_all(endpoints)
+            names = ", ".join(e.node for e in pending[:4])
+            raise RunError(f"run timed out waiting for {names}")
+        time.sleep(0.05)
+
+
+def _stop_all(endpoints: list[Endpoint]) -> None:
+    for endpoint in endpoints:
+        try:
+            _stub(endpoint).Stop(pb.Empty(), timeout=5)
+        except grpc.RpcError:
+            pass
+
+
+def shutdown(endpoints: list[Endpoint]) -> None:
+    for endpoint in endpoints:
+        try:
+            _stub(endpoint).Shutdown(pb.Empty(), timeout=5)
+        except grpc.RpcError:
+            pass
