@@ -75,6 +75,10 @@ def _clean(name: str) -> dict[str, int]:
         removed["containers"] += docker_engine.remove_containers(sorted(containers))
 
     namespaces = {e.name for e in by_kind["netns"]} | set(kernel.list_namespaces(namespace_name(name, "")))
+    # whatever still runs inside the lab's namespaces (agents started between a fork and
+    # its journal line, tools left by `testbed exec`) goes with them
+    for pid in kernel.pids_in(sorted(namespaces)):
+        removed["processes"] += _kill(pid, None)
     for ns in sorted(namespaces):
         removed["namespaces"] += kernel.delete_namespace(ns)
 
@@ -109,9 +113,8 @@ def _kill(pid: int | None, start: str | None) -> int:
     if not pid:
         return 0
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            current_start = handle.read().rsplit(")", 1)[1].split()[19]
-    except (FileNotFoundError, IndexError):
+        current_start = process_start_time(pid)
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return 0
     if start is not None and current_start != str(start):
         return 0  # the pid was reused by an unrelated process

@@ -214,3 +214,13 @@ def exec_in(name: str, command: list[str], stream: Callable[[bytes], None] | Non
     except (APIError, NotFound) as exc:
         raise EmulationError(f"exec in {name}: {getattr(exc, 'explanation', exc)}") from None
     return code if code is not None else -1, output
+
+
+def exec_detached(name: str, command: list[str]) -> None:
+    """Start a long-running command in a container and return (`docker exec -d`)."""
+    api = client().api
+    try:
+        handle = api.exec_create(name, command)
+        api.exec_start(handle["Id"], detach=True)
+    except (APIError, NotFound) as exc:
+        raise EmulationError(f"exec in {name}: {getattr(exc, 'explanation', exc)}") from None

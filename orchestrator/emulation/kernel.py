@@ -124,6 +124,28 @@ def list_namespaces(prefix: str = "") -> list[str]:
     return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(prefix))
 
 
+def pids_in(names: Iterable[str]) -> list[int]:
+    """Processes whose network namespace is one of the named ones (call it after removing
+    containers: their processes are Docker's to stop)."""
+    inodes = set()
+    for name in names:
+        try:
+            inodes.add(os.stat(netns_path(name)).st_ino)
+        except FileNotFoundError:
+            continue
+    if not inodes:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                    found.append(int(entry))
+            except (FileNotFoundError, PermissionError, ProcessLookupError):
+                continue
+    return found
+
+
 def in_namespaces(names: Iterable[str], work: Callable[[str], T]) -> dict[str, T]:
     """Call `work(name)` inside each named namespace in turn (one thread, no forks)."""
 

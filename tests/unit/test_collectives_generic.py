@@ -342,25 +342,27 @@ def digits(rank: int, widths: tuple[int, ...]) -> list[int]:
     return out
 
 
+def flextree_model(widths, flow_alpha, nbytes=4e6, alpha=20e-6, beta=8e-9) -> float:
+    """The cost flextree documents, written out again: Σ 2α + 2(w−1)α_flow + 2(w−1)/w·S_i·β."""
+    total, data = 0.0, nbytes
+    for w in widths:
+        total += 2 * alpha + 2 * (w - 1) * flow_alpha + 2 * (w - 1) / w * data * beta
+        data /= w
+    return total
+
+
 def test_flextree_choice():
     # the seed slides' two-level factorizations are all candidates
     assert {(2, 6), (3, 4), (4, 3), (6, 2)} <= set(ordered_factorizations(12))
     assert set(ordered_factorizations(15)) == {(15,), (3, 5), (5, 3)}
-    alpha, beta = 20e-6, 8e-9
     for n in range(1, 40):
         # the REFERENCE model's bandwidth terms telescope: one level (mesh) always wins
         assert choose_widths(n, 4e6) == ((n,) if n > 1 else ())
         for flow_alpha in (1e-6, 5e-6, 20e-6):
-            def model(widths, nbytes=4e6):
-                total, data = 0.0, nbytes
-                for w in widths:
-                    total += 2 * alpha + 2 * (w - 1) * flow_alpha + 2 * (w - 1) / w * data * beta
-                    data /= w
-                return total
-
-            chosen = choose_widths(n, 4e6, alpha, beta, flow_alpha)
+            chosen = choose_widths(n, 4e6, 20e-6, 8e-9, flow_alpha)
+            best = min(flextree_model(w, flow_alpha) for w in ordered_factorizations(n))
             assert math.prod(chosen) == n
-            assert model(chosen) <= min(model(w) for w in ordered_factorizations(n)) * (1 + 1e-9)
+            assert flextree_model(chosen, flow_alpha) <= best * (1 + 1e-9)
     assert choose_widths(12, 4e6, flow_alpha=5e-6) == (3, 4)
     ctx = Context(12, options={"flow_alpha": 5e-6})
     assert builder("flextree")(ctx, 48).meta["widths"] == [3, 4]

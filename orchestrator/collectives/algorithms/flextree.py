@@ -14,12 +14,13 @@ empty levels). Without it, every ordered factorization of N into factors ≥ 2 i
 with the REFERENCE one-level model summed over levels, level i moving S_i = S/(w_0⋯w_{i−1}):
     Σ_i 2α + 2(w_i−1)·α_flow + 2(w_i−1)/w_i · S_i·β
 (S in bytes of 4-byte elements; options `alpha` = 20e-6 s, `beta` = 8e-9 s/byte, i.e.
-1 Gbit/s, and `flow_alpha` = 0 s, a per-peer message cost added here). The bandwidth
-terms are the same for every factorization (they telescope to 2(N−1)/N·Sβ), so under
-the plain REFERENCE model (flow_alpha = 0) the single level [N], i.e. mesh, always wins;
-a positive `flow_alpha` trades levels (2α each) against wide meshes (2(w−1) messages
-per rank each), e.g. N = 12, flow_alpha = α/4 picks [3, 4]. Ties go to fewer levels,
-then the lexicographically smallest widths. The widths used are in
+1 Gbit/s, and `flow_alpha`, a per-peer message cost, by default equal to `alpha`). The
+bandwidth terms are the same for every factorization (they telescope to 2(N−1)/N·Sβ),
+so the choice is decided by latency: under the plain REFERENCE model (flow_alpha = 0) the
+single level [N], i.e. mesh, always wins, which is not what FlexTree is for; charging α
+per peer message (what a sender pays per flow it starts) trades levels (2α each) against
+wide meshes (2(w−1) messages per rank each): N = 12 picks [3, 4]. Ties go to fewer
+levels, then the lexicographically smallest widths. The widths used are in
 `schedule.meta["widths"]`.
 """
 
@@ -74,7 +75,7 @@ def widths_of(ctx: Context, length: int) -> tuple[int, ...]:
             length * ITEMSIZE,
             float(ctx.option("alpha", ALPHA)),
             float(ctx.option("beta", BETA)),
-            float(ctx.option("flow_alpha", 0.0)),
+            float(ctx.option("flow_alpha", ctx.option("alpha", ALPHA))),
         )
     widths = tuple(int(w) for w in given)
     if any(w < 1 for w in widths) or math.prod(widths) != n:

@@ -1,0 +1,83 @@
+"""Agents inside a live lab: one per server, Control and metrics on its management address,
+Data on every fabric address.
+
+In a Docker lab the agent runs in the container (`docker exec -d`, the image's
+testbed-agent); in a netns lab it runs from the host's venv inside the server's network
+namespace, journalled so `testbed clean` stops it. (Deployment with Ansible builds on this.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from orchestrator.emulation import docker_engine
+from orchestrator.emulation.cleanup import process_start_time
+from orchestrator.emulation.journal import Entry
+from orchestrator.runner.driver import Endpoint, shutdown, wait_healthy
+from orchestrator.topology import Topology
+
+CONTROL_PORT, DATA_PORT, METRICS_PORT = 7000, 7001, 9100
+
+
+def nic_addresses(topology: Topology, server: str) -> dict[int, str]:
+    """For each NIC index a sender may name: this server's address directly reachable from
+    a sender's NIC of that index (BCube: the same level; torus: the opposite direction of
+    the same dimension, since a +1 link lands on the neighbour's −1 NIC)."""
+    node = topology.node(server)
+    by_level = {i.level: str(i.address.ip) for i in node.data_nics() if i.level is not None}
+    if topology.kind == "bcube":
+        return by_level
+    if topology.kind == "torus":
+        addresses = {}
+        for iface in node.data_nics():
+            index = int(iface.name.rsplit("eth", 1)[1])
+            if topology.params["k"] == 2:
+                addresses[index] = str(iface.address.ip)
+            else:
+                addresses[index ^ 1] = str(iface.address.ip)  # eth2d (+) ↔ eth2d+1 (−)
+        return addresses
+    return {}
+
+
+def endpoints(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None) -> list[Endpoint]:
+    """Endpoints of the agents of `servers` (default: all, in rank order)."""
+    topology = lab.topology
+    names = servers or [s.name for s in topology.servers]
+    out = []
+    for rank, name in enumerate(names):
+        mgmt = str(lab.mgmt_address(name))
+        data = f"{topology.address_of(name)}:{DATA_PORT}"
+        by_nic = {nic: f"{address}:{DATA_PORT}" for nic, address in nic_addresses(topology, name).items()}
+        role = (roles or {}).get(name, "worker")
+        out.append(Endpoint(rank, name, f"{mgmt}:{CONTROL_PORT}", data, by_nic, role))
+    return out
+
+
+def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None) -> list[Endpoint]:
+    """Start an agent on each server and wait until all answer; their endpoints."""
+    eps = endpoints(lab, servers, roles)
+    entries = []
+    for endpoint in eps:
+        node = lab.topology.node(endpoint.node)
+        data = ",".join(f"{nic.address.ip}:{DATA_PORT}" for nic in node.data_nics())
+        mgmt = endpoint.control.rsplit(":", 1)[0]
+        args = ["--node", endpoint.node, "--control", endpoint.control, "--data", data,
+                "--metrics", f"{mgmt}:{METRICS_PORT}"]
+        if lab.plan.in_container(endpoint.node):
+            docker_engine.exec_detached(lab.plan.container_name(endpoint.node), ["testbed-agent", *args])
+        else:
+            proc = lab.popen(
+                endpoint.node, [sys.executable, "-m", "orchestrator.agent.server", *args],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            entries.append(Entry("process", f"agent-{endpoint.node}", {"pid": proc.pid, "start": process_start_time(proc.pid)}))
+    lab.state.record(entries)
+    wait_healthy(eps, timeout=60)
+    return eps
+
+
+def stop(eps: list[Endpoint]) -> None:
+    shutdown(eps)
+    time.sleep(0.2)
