@@ -13,7 +13,6 @@ Partitions start in priority order, with at most `credit_bytes` of them in fligh
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -21,7 +20,6 @@ import numpy as np
 
 from orchestrator.agent.plan import PartitionPlan, Send
 from orchestrator.agent.proto import testbed_pb2 as pb
-from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 2**20),
@@ -65,7 +63,7 @@ class Engine:
         self.states: dict[int, _PartitionState] = {}
         self.changed = asyncio.Condition()
         self.channels: dict[str, grpc.aio.Channel] = {}
-        self.stubs: dict[str, pb_grpc.DataStub] = {}
+        self.stubs: dict[str, grpc.aio.StreamUnaryMultiCallable] = {}
         self.sent = 0
         self.received = 0
 
@@ -108,12 +106,16 @@ class Engine:
         return chunk.count
 
     # -- sending --------------------------------------------------------------------------
-    def _stub(self, send: Send) -> pb_grpc.DataStub:
+    def _push(self, send: Send):
+        """The Data.Push call towards the peer's address on the NIC the transfer names."""
         peer = self.peers[send.dst]
         target = peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
         if target not in self.stubs:
             self.channels[target] = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-            self.stubs[target] = pb_grpc.DataStub(self.channels[target])
+            # requests are already-encoded Chunk messages (see encode_chunk)
+            self.stubs[target] = self.channels[target].stream_unary(
+                PUSH, request_serializer=None, response_deserializer=pb.Ack.FromString
+            )
         return self.stubs[target]
 
     async def _send(self, partition: int, step: int, send: Send) -> None:
@@ -122,13 +124,13 @@ class Engine:
         async def chunks():
             for start in range(send.offset, send.offset + send.count, step_size):
                 count = min(step_size, send.offset + send.count - start)
-                yield pb.Chunk(
+                head = pb.Chunk(
                     run_id=self.run_id, iteration=iteration, partition=partition, step=step,
                     src=self.rank, offset=start, count=count, copy=send.copy,
-                    data=self.buffer[start : start + count].tobytes(),
                 )
+                yield encode_chunk(head, self.buffer[start : start + count])
 
-        ack = await self._stub(send).Push(chunks())
+        ack = await self._push(send)(chunks())
         if not ack.ok:
             raise RuntimeError(f"rank {send.dst} refused a transfer: {ack.error}")
         size = send.count * self.buffer.itemsize
@@ -192,5 +194,22 @@ class Engine:
         self.stubs.clear()
 
 
-def now() -> float:
-    return time.perf_counter()
+PUSH = "/testbed.Data/Push"
+_DATA_KEY = b"\x4a"  # field 9 (`data`), wire type 2 (length-delimited)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        bits, value = value & 0x7F, value >> 7
+        out.append(bits | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode_chunk(head: pb.Chunk, data: np.ndarray) -> bytes:
+    """The protobuf encoding of `head` with `data` as its `data` field, built with a single
+    copy out of the buffer (a Chunk built and serialised by protobuf copies twice; at
+    several Gbit/s through 2 cores that matters). Receivers parse it as a plain Chunk."""
+    view = memoryview(np.ascontiguousarray(data)).cast("B")
+    return b"".join((head.SerializeToString(), _DATA_KEY, _varint(view.nbytes), view))

@@ -1,0 +1,116 @@
+"""Pure parts of the agent: the per-rank plan format, chunk encoding, workloads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.agent import plan as plan_format
+from orchestrator.agent.engine import encode_chunk
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.workload import DigitsMLP, check_sum, emulated_gradient
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import partitions
+from orchestrator.collectives.schedule import simulate
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 300_000), step=st.integers(0, 2**32 - 1), copy=st.booleans())
+def test_encoded_chunk_is_a_protobuf_chunk(n, step, copy):
+    data = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    head = pb.Chunk(run_id="run", iteration=2, partition=3, step=step, src=1, offset=10, count=n, copy=copy)
+    parsed = pb.Chunk.FromString(encode_chunk(head, data))
+    assert (parsed.step, parsed.count, parsed.copy, parsed.offset) == (step, n, copy, 10)
+    assert np.array_equal(np.frombuffer(parsed.data, np.float32), data)
+
+
+@pytest.mark.parametrize("algorithm,workers", [("ring", 5), ("mesh", 4), ("ps", 3), ("tree", 6)])
+def test_rank_plans_replay_the_schedule(algorithm, workers):
+    """Executing every rank's plan step by step (as agents do) gives the schedule's sums."""
+    ctx = Context(workers, options={"shards": 2} if algorithm == "ps" else {})
+    tensors = [7, 13, 1, 29]
+    parts = partitions(tensors, 24)
+    schedules = registry.schedules(algorithm, ctx, sum(tensors), parts)
+    ranks = schedules[0][1].ranks
+    plans = [plan_format.parse(text) for text in plan_format.build_rank_plans(schedules, ranks)]
+    grads = [np.arange(sum(tensors), dtype=np.int64) * (r + 1) for r in range(workers)]
+    buffers = [g.copy() for g in grads] + [np.zeros(sum(tensors), np.int64) for _ in range(ranks - workers)]
+    for p_index, (part, schedule) in enumerate(schedules):
+        for step in range(len(schedule.steps)):
+            sends = []
+            for rank in range(ranks):
+                for s in plans[rank][p_index].steps:
+                    if s.step == step:
+                        sends += [(rank, x, buffers[rank][x.offset : x.offset + x.count].copy()) for x in s.sends]
+            received = {}
+            for src, x, data in sends:
+                target = buffers[x.dst][x.offset : x.offset + x.count]
+                target[:] = data if x.copy else target + data
+                received[x.dst] = received.get(x.dst, 0) + x.count
+            for rank in range(ranks):
+                expected = sum(s.recv for s in plans[rank][p_index].steps if s.step == step)
+                assert received.get(rank, 0) == expected
+    reference = simulate_all(schedules, grads, ranks, workers)
+    for rank in range(workers):
+        assert np.array_equal(buffers[rank], sum(grads))
+        assert np.array_equal(buffers[rank], reference[rank])
+
+
+def simulate_all(schedules, grads, ranks, workers):
+    buffers = [g.copy() for g in grads]
+    for _, schedule in schedules:
+        out = simulate(schedule, buffers)
+        buffers = out[:workers]
+    return buffers
+
+
+def test_plan_json_lists_only_steps_a_rank_takes_part_in():
+    schedules = registry.schedules("tree", Context(4), 8, partitions([8], None))
+    plans = [json.loads(t) for t in plan_format.build_rank_plans(schedules, 4)]
+    for rank, data in enumerate(plans):
+        for step in data["partitions"][0]["steps"]:
+            assert step["send"] or step["recv"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(rank=st.integers(0, 63), iteration=st.integers(0, 1000), size=st.integers(1, 200_000))
+def test_emulated_gradient_is_the_documented_pattern(rank, iteration, size):
+    out = np.zeros(size, np.float32)
+    emulated_gradient(rank, iteration, size, out)
+    index = np.arange(size)
+    assert np.array_equal(out, (index * 7 + rank * 13 + iteration * 5) % 17 - 8)
+
+
+def test_check_sum_accepts_the_exact_sum_and_rejects_anything_else():
+    size, workers, iteration = 50_000, 5, 3
+    total = np.zeros(size, np.float32)
+    for rank in range(workers):
+        g = np.zeros(size, np.float32)
+        emulated_gradient(rank, iteration, size, g)
+        total += g
+    rng = np.random.default_rng(0)
+    assert check_sum(total, workers, iteration, rng)
+    total[size - 1] += 1
+    assert not check_sum(total, workers, iteration, rng)
+
+
+def test_digits_fixed_point_sum_is_exact_and_order_free():
+    from orchestrator.runner.workloads import digits
+
+    workers = 4
+    models = [DigitsMLP(digits(workers, r), workers) for r in range(workers)]
+    grads = []
+    for model in models:
+        out = np.zeros(sum(DigitsMLP.tensor_sizes(model.hidden)), np.float32)
+        model.gradient(0, out)
+        grads.append(out)
+    forward = grads[0] + grads[1] + grads[2] + grads[3]
+    backward = grads[3] + (grads[2] + (grads[1] + grads[0]))
+    assert np.array_equal(forward, backward)  # integers below 2^24: float32 is exact
+    assert np.all(np.abs(forward) < 2**24)
+    assert len({m.apply(forward.copy()) for m in models}) == 1
