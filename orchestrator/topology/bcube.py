@@ -17,7 +17,6 @@ switch; in a 10.0.0.0/8 pool that is 10.l.<switch index>.<a_l + 1>.
 
 from __future__ import annotations
 
-import ipaddress
 from itertools import product
 
 from orchestrator.topology.addressing import StructuredPool, lan_host_bits
@@ -125,30 +124,23 @@ def build(n: int, k: int, data_pool, links_pool=None) -> Topology:
                 )
             groups[level].append([server_name(a, n) for a in members[index]])
 
-    addresses = {
-        a: [builder.nodes[server_name(a, n)].interfaces[f"{server_name(a, n)}-eth{lv}"].address
-            for lv in range(levels)]
-        for a in servers
-    }
     by_name = {server_name(a, n): a for a in servers}
     order = route_order(k)
 
     def routes(name: str) -> list[Route]:
-        """Digit-correction routes of one server: a /32 per address not on its own LANs."""
+        """Digit-correction routes of one server: to the relay fixing the first digit that
+        differs (in `order`), a /32 per destination address not on its own LANs."""
         src = by_name.get(name)
         if src is None:
             return []
-        table = []
-        for dst in servers:
-            if dst == src:
-                continue
+
+        def first_hop(dst_name: str) -> NextHop:
+            dst = by_name[dst_name]
             level = next(lv for lv in order if digit(src, lv) != digit(dst, lv))
-            relay = with_digit(src, level, digit(dst, level))
-            hop = (NextHop(f"{name}-eth{level}", addresses[relay][level].ip),)
-            for dst_level, target in enumerate(addresses[dst]):
-                if target.network != addresses[src][dst_level].network:
-                    table.append(Route(ipaddress.IPv4Network(target.ip), hop))
-        return table
+            relay = server_name(with_digit(src, level, digit(dst, level)), n)
+            return NextHop(f"{name}-eth{level}", builder.nodes[relay].interfaces[f"{relay}-eth{level}"].address.ip)
+
+        return builder.host_routes(name, by_name, first_hop)
 
     facts = {
         "n": n,

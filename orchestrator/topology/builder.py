@@ -114,6 +114,20 @@ class TopologyBuilder:
             raise TopologyError(f"route to {prefix} on {node} has no next hop")
         self.routes.setdefault(node, []).append(Route(ipaddress.IPv4Network(prefix), hops))
 
+    def host_routes(self, src: str, dsts: Iterable[str], first_hop: Callable[[str], NextHop]) -> list[Route]:
+        """Routes of a relaying server: a /32 to every address of every other server in
+        `dsts` that is not on one of `src`'s own subnets, via `first_hop(dst)`."""
+        own = {i.address.network for i in self.nodes[src].data_nics()}
+        table = []
+        for dst in dsts:
+            if dst == src:
+                continue
+            hop = (first_hop(dst),)
+            for nic in self.nodes[dst].data_nics():
+                if nic.address.network not in own:
+                    table.append(Route(ipaddress.IPv4Network(nic.address.ip), hop))
+        return table
+
     def check_size(self, servers: int) -> None:
         if servers > MAX_SERVERS:
             raise TopologyError(

@@ -12,7 +12,6 @@ of dimension i is the /30 10.dim.i.0 in a 10.0.0.0/8 pool: .1 on node i, .2 on i
 
 from __future__ import annotations
 
-import ipaddress
 from itertools import product
 
 from orchestrator.topology.addressing import StructuredPool
@@ -80,26 +79,21 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
         far = builder.nodes[node_name(neighbour, k)].interfaces[ifname(neighbour, dim, -delta)]
         return NextHop(ifname(coords, dim, delta), far.address.ip)
 
-    own = {
-        node_name(c, k): {iface.address.network for iface in builder.nodes[node_name(c, k)].data_nics()}
-        for c in nodes
-    }
     by_name = {node_name(c, k): c for c in nodes}
 
     def routes(name: str) -> list[Route]:
+        """Dimension-order routes of one node: a /32 per remote address, towards the
+        neighbour that corrects the first differing coordinate the short way round."""
         src = by_name.get(name)
         if src is None:
             return []
-        table = []
-        for dst in nodes:
-            if dst == src:
-                continue
+
+        def first_hop(dst_name: str) -> NextHop:
+            dst = by_name[dst_name]
             dim = next(i for i in range(d) if src[i] != dst[i])
-            nexthop = (hop(src, dim, direction(src[dim], dst[dim], k)),)
-            for nic in builder.nodes[node_name(dst, k)].data_nics():
-                if nic.address.network not in own[name]:
-                    table.append(Route(ipaddress.IPv4Network(nic.address.ip), nexthop))
-        return table
+            return hop(src, dim, direction(src[dim], dst[dim], k))
+
+        return builder.host_routes(name, by_name, first_hop)
 
     rings = {
         dim: [
