@@ -68,21 +68,25 @@ class Engine:
         self.received = 0
 
     # -- receiving (called by the Data servicer) ------------------------------------------
-    async def accept(self, first: pb.Chunk, rest) -> None:
-        """Apply one incoming transfer, waiting until this rank has entered its step."""
-        if first.run_id != self.run_id:
-            raise ValueError(f"chunk of run {first.run_id!r}, this agent runs {self.run_id!r}")
+    async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:
+        """Apply one incoming transfer, waiting until this rank has entered its step.
+
+        `first` and the items of `rest` are (header, payload) pairs from `decode_chunk`.
+        """
+        head = first[0]
+        if head.run_id != self.run_id:
+            raise ValueError(f"chunk of run {head.run_id!r}, this agent runs {self.run_id!r}")
         async with self.changed:
-            await self.changed.wait_for(lambda: self._ready_for(first))
-        state = self.states[first.partition]
-        count = self._apply(first)
+            await self.changed.wait_for(lambda: self._ready_for(head))
+        state = self.states[head.partition]
+        count = self._apply(*first)
         async for chunk in rest:
-            count += self._apply(chunk)
-        remaining = state.remaining[first.step] - count
-        state.remaining[first.step] = remaining
+            count += self._apply(*chunk)
+        remaining = state.remaining[head.step] - count
+        state.remaining[head.step] = remaining
         if remaining <= 0:
-            state.received[first.step].set()
-        peer = self.peers.get(first.src, {}).get("node", str(first.src))
+            state.received[head.step].set()
+        peer = self.peers.get(head.src, {}).get("node", str(head.src))
         self.received += count * self.buffer.itemsize
         self.counters(peer, 0, count * self.buffer.itemsize)
 
@@ -94,8 +98,8 @@ class Engine:
         state = self.states.get(chunk.partition)
         return state is not None and state.entered_step >= chunk.step
 
-    def _apply(self, chunk: pb.Chunk) -> int:
-        data = np.frombuffer(chunk.data, dtype=self.buffer.dtype)
+    def _apply(self, chunk: pb.Chunk, payload: memoryview) -> int:
+        data = np.frombuffer(payload, dtype=self.buffer.dtype)
         if len(data) != chunk.count:
             raise ValueError(f"chunk carries {len(data)} elements, header says {chunk.count}")
         view = self.buffer[chunk.offset : chunk.offset + chunk.count]
@@ -205,6 +209,43 @@ def _varint(value: int) -> bytes:
         out.append(bits | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def decode_chunk(raw: bytes) -> tuple[pb.Chunk, memoryview]:
+    """(header, payload view) of an encoded Chunk, without copying the payload (protobuf's
+    parser would copy it into a new bytes object). Accepts any valid encoding, in any
+    field order, from any client."""
+    view, pos, header, payload = memoryview(raw), 0, [], memoryview(b"")
+    while pos < len(raw):
+        start = pos
+        key, pos = _read_varint(raw, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _read_varint(raw, pos)
+        elif wire == 2:
+            length, pos = _read_varint(raw, pos)
+            if key >> 3 == 9:
+                payload = view[pos : pos + length]
+                pos += length
+                continue
+            pos += length
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} in a Chunk")
+        header.append(raw[start:pos])
+    return pb.Chunk.FromString(b"".join(header)), payload
 
 
 def encode_chunk(head: pb.Chunk, data: np.ndarray) -> bytes:

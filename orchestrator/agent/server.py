@@ -23,7 +23,7 @@ import numpy as np
 
 from orchestrator.agent import plan as plan_format
 from orchestrator.agent import workload as workloads
-from orchestrator.agent.engine import CHANNEL_OPTIONS, Engine
+from orchestrator.agent.engine import CHANNEL_OPTIONS, Engine, decode_chunk
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
@@ -191,15 +191,23 @@ class ControlService(pb_grpc.ControlServicer):
         return pb.Ack(ok=True)
 
 
-class DataService(pb_grpc.DataServicer):
+class DataService:
+    """Data.Push, registered with raw requests so payloads reach numpy without a copy."""
+
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    async def Push(self, request_iterator, context):  # noqa: N802
+    def handler(self) -> grpc.GenericRpcHandler:
+        push = grpc.stream_unary_rpc_method_handler(
+            self.push, request_deserializer=None, response_serializer=pb.Ack.SerializeToString
+        )
+        return grpc.method_handlers_generic_handler("testbed.Data", {"Push": push})
+
+    async def push(self, request_iterator, context):
         try:
-            first = await anext(request_iterator)
-            engine = await self.agent.engine_for(first.run_id)
-            await engine.accept(first, request_iterator)
+            first = decode_chunk(await anext(request_iterator))
+            engine = await self.agent.engine_for(first[0].run_id)
+            await engine.accept(first, (decode_chunk(raw) async for raw in request_iterator))
             return pb.Ack(ok=True)
         except Exception as exc:  # noqa: BLE001 - the sender reports it
             return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -215,7 +223,7 @@ async def serve(node: str, control: str, data: list[str], metrics_at: str | None
     pb_grpc.add_ControlServicer_to_server(ControlService(agent), control_server)
     _bind(control_server, control)
     data_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    pb_grpc.add_DataServicer_to_server(DataService(agent), data_server)
+    data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
     await control_server.start()

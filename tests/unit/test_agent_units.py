@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import plan as plan_format
-from orchestrator.agent.engine import encode_chunk
+from orchestrator.agent.engine import decode_chunk, encode_chunk
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.workload import DigitsMLP, check_sum, emulated_gradient
 from orchestrator.collectives import registry
@@ -24,9 +24,15 @@ from orchestrator.collectives.schedule import simulate
 def test_encoded_chunk_is_a_protobuf_chunk(n, step, copy):
     data = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     head = pb.Chunk(run_id="run", iteration=2, partition=3, step=step, src=1, offset=10, count=n, copy=copy)
-    parsed = pb.Chunk.FromString(encode_chunk(head, data))
+    encoded = encode_chunk(head, data)
+    parsed = pb.Chunk.FromString(encoded)
     assert (parsed.step, parsed.count, parsed.copy, parsed.offset) == (step, n, copy, 10)
     assert np.array_equal(np.frombuffer(parsed.data, np.float32), data)
+    # and our decoder reads it, and protobuf's own encoding, without copying the payload
+    for raw in (encoded, pb.Chunk(**{f.name: getattr(parsed, f.name) for f in pb.Chunk.DESCRIPTOR.fields}).SerializeToString()):
+        header, payload = decode_chunk(raw)
+        assert (header.step, header.count, header.copy, header.run_id, header.data) == (step, n, copy, "run", b"")
+        assert np.array_equal(np.frombuffer(payload, np.float32), data)
 
 
 @pytest.mark.parametrize("algorithm,workers", [("ring", 5), ("mesh", 4), ("ps", 3), ("tree", 6)])
