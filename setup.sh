@@ -23,7 +23,7 @@ APT_PACKAGES=(
     python3 python3-venv python3-dev build-essential
     docker.io mininet iproute2 iptables ethtool iputils-ping fping iperf3 traceroute bridge-utils
     util-linux procps psmisc kmod prometheus debootstrap ca-certificates
-    qemu-system-x86 busybox-static cpio rdma-core
+    qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

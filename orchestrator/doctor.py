@@ -47,9 +47,11 @@ def run_checks() -> list[Check]:
         why = {
             "netem": "labs with delay, jitter or loss are refused; the vm test tier has it",
             "rdma_rxe": "labs with rdma: softroce are refused; the vm test tier has it",
+            "rdma_rxe_netns": "labs with rdma: softroce are refused: this rdma_rxe serves only the "
+            "initial namespace (Debian 12's kernels); trixie-backports' kernel serves each namespace",
             "openvswitch": "only needed for OVS switches",
         }
-        for feature in features.KERNEL_FEATURES:
+        for feature in (*features.KERNEL_FEATURES, "rdma_rxe_netns"):
             required = feature in ("veth", "bridge", "htb")
             ok = found[feature]
             detail = f"kernel {release}: " + ("available" if ok else "missing")

@@ -1,7 +1,7 @@
 """Test tiers: unit (pure) · netns (root) · docker (root + engine) · vm (a full kernel in qemu).
 
 A tier that cannot run here is skipped with its reason, which `-rs` prints. Tests under
-tests/netns and tests/docker get their tier marker from their directory.
+tests/netns, tests/docker and tests/vm get their tier marker from their directory.
 """
 
 from __future__ import annotations
@@ -37,15 +37,27 @@ def _docker_reason() -> str | None:
     return None
 
 
+def _vm_reason() -> str | None:
+    reason = _root_reason()
+    if reason:
+        return reason.replace("netns", "vm")
+    if not os.environ.get("TESTBED_VM_GUEST") and shutil.which("qemu-system-x86_64") is None:
+        return "vm tier needs qemu-system-x86_64 (apt-get install qemu-system-x86, or ./setup.sh)"
+    return None
+
+
+TIERS = {"netns": _root_reason, "docker": _docker_reason, "vm": _vm_reason}
+
+
 def pytest_collection_modifyitems(config, items):
     reasons: dict[str, str | None] = {}
     for item in items:
-        tier = next((t for t in ("netns", "docker") if f"{os.sep}{t}{os.sep}" in str(item.fspath)), None)
+        tier = next((t for t in TIERS if f"{os.sep}{t}{os.sep}" in str(item.fspath)), None)
         if tier is None:
             continue
         item.add_marker(getattr(pytest.mark, tier))
         if tier not in reasons:
-            reasons[tier] = _root_reason() if tier == "netns" else _docker_reason()
+            reasons[tier] = TIERS[tier]()
         if reasons[tier]:
             item.add_marker(pytest.mark.skip(reason=reasons[tier]))
 

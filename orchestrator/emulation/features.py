@@ -23,8 +23,11 @@ KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "rdma_rxe", "openvswitch")
 
 @functools.cache
 def kernel_features() -> dict[str, bool]:
-    """{feature: available} for every entry of KERNEL_FEATURES (needs root)."""
+    """{feature: available} for every entry of KERNEL_FEATURES, and rdma_rxe_netns: whether
+    soft-RoCE carries traffic from inside a network namespace (needs root)."""
     found = dict.fromkeys(KERNEL_FEATURES, False)
+    found["rdma_rxe"] = _module("rdma_rxe")
+    found["openvswitch"] = _module("openvswitch")
     probe = f"tb-probe-{os.getpid()}"
     kernel.create_namespaces([probe])
     try:
@@ -34,11 +37,35 @@ def kernel_features() -> dict[str, bool]:
             if found["veth"]:
                 found["htb"] = _try(lambda: kernel.shape(nl, probe, "p0", 10**8, 10))
                 found["netem"] = _try(lambda: kernel.shape(nl, probe, "p1", 10**8, 10, delay_s=0.001))
+        found["rdma_rxe_netns"] = found["rdma_rxe"] and found["veth"] and _rxe_serves_namespace(probe, "p0")
     finally:
         kernel.delete_namespace(probe)
-    found["rdma_rxe"] = _module("rdma_rxe")
-    found["openvswitch"] = _module("openvswitch")
     return found
+
+
+ROCE_V2_PORT = 4791
+
+
+def _rxe_serves_namespace(ns: str, netdev: str) -> bool:
+    """Does rdma_rxe listen for RoCE v2 (UDP 4791) inside a network namespace?
+
+    Before per-namespace soft-RoCE (Linux 6.1 and 6.12, Debian 12's kernels) rxe has one
+    socket and one routing table, the initial namespace's: a device on a namespaced netdev
+    still comes up ACTIVE, but no RoCE packet can reach or leave it. Newer kernels open the
+    socket in the netdev's namespace when the first device there is added.
+    """
+    if shutil.which("rdma") is None:
+        return False
+    enter = ["nsenter", f"--net={kernel.netns_path(ns)}", "rdma", "link"]
+    device = f"tbprobe{os.getpid()}"
+    if subprocess.run([*enter, "add", device, "type", "rxe", "netdev", netdev], capture_output=True).returncode:
+        return False
+    try:
+        udp = kernel.in_namespaces([ns], lambda _: Path("/proc/thread-self/net/udp").read_text())[ns]
+    finally:
+        subprocess.run([*enter, "delete", device], capture_output=True)
+    local = (line.split()[1] for line in udp.splitlines()[1:] if line.strip())
+    return any(address.endswith(f":{ROCE_V2_PORT:04X}") for address in local)
 
 
 def _try(action) -> bool:
@@ -86,6 +113,15 @@ def require(spec) -> None:
     if spec.rdma == "softroce" and not features["rdma_rxe"]:
         raise MissingFeature(
             f"lab {spec.name} asks for rdma: softroce, which needs the rdma_rxe module; this "
-            f"kernel ({release}) lacks it: set rdma: none, or run on a kernel with rdma_rxe "
-            "(the vm test tier and the Vagrantfile have one)"
+            f"kernel ({release}) lacks it: set rdma: none, or run on a kernel whose rdma_rxe "
+            "serves network namespaces (e.g. Debian trixie-backports' linux-image-amd64; the vm "
+            "test tier boots one)"
+        )
+    if spec.rdma == "softroce" and not features["rdma_rxe_netns"]:
+        raise MissingFeature(
+            f"lab {spec.name} asks for rdma: softroce, but this kernel's rdma_rxe ({release}) "
+            "serves only the initial network namespace and every lab server has its own, so no "
+            "RoCE packet could pass between servers: set rdma: none, or run on a kernel with "
+            "per-namespace rdma_rxe (e.g. Debian trixie-backports' linux-image-amd64; the vm "
+            "test tier boots one)"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 from orchestrator.emulation import docker_engine, kernel
@@ -75,16 +76,27 @@ def lab_status(lab) -> dict:
 
 
 def rxe_devices(lab) -> list[dict]:
-    """soft-RoCE devices of this lab's servers, from `rdma -j link show`."""
-    if lab.spec.rdma != "softroce":
-        return []
-    result = subprocess.run(["rdma", "-j", "link", "show"], capture_output=True, text=True)
-    if result.returncode != 0:
+    """soft-RoCE devices of this lab's servers, from `rdma -j link show` in each server's
+    namespace: the kernel names a device's netdev only inside that netdev's namespace."""
+    if lab.spec.rdma != "softroce" or shutil.which("rdma") is None:
         return []
     prefix = f"rxe_{lab.plan.id}_"
+    live = set(kernel.list_namespaces(namespace_name(lab.name, "")))
     devices = []
-    for entry in json.loads(result.stdout or "[]"):
-        name = entry.get("ifname", "")
-        if name.startswith(prefix):
-            devices.append({"device": name, "state": entry.get("state"), "netdev": entry.get("netdev")})
+    for server in lab.topology.servers:
+        ns = lab.plan.namespaces[server.name]
+        if ns not in live:
+            continue
+        result = subprocess.run(
+            ["nsenter", f"--net={kernel.netns_path(ns)}", "rdma", "-j", "link", "show"],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            continue
+        for entry in json.loads(result.stdout or "[]"):
+            name = entry.get("ifname", "")
+            if name.startswith(prefix) and entry.get("netdev"):
+                devices.append(
+                    {"device": name, "state": entry.get("state"), "netdev": entry["netdev"], "server": server.name}
+                )
     return devices

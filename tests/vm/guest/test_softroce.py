@@ -1,0 +1,127 @@
+"""Soft-RoCE labs on a kernel with rdma_rxe (runs inside the VM).
+
+Where rdma_rxe serves only the initial network namespace (Linux 6.1 and 6.12: Debian 12's
+kernels) a soft-RoCE lab must be refused, since no RoCE packet could pass between servers
+that each live in their own namespace. Where it is per-namespace, every data NIC of every
+server gets an ACTIVE rxe device, and servers exchange data with RDMA across the fabric.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from orchestrator.emulation import Lab, cleanup, features
+from orchestrator.emulation.journal import LabState
+from orchestrator.errors import MissingFeature
+from orchestrator.spec import lab_from_argument
+
+
+@pytest.fixture(scope="module")
+def rxe() -> dict[str, bool]:
+    found = features.kernel_features()
+    assert found["rdma_rxe"], "the VM's kernel must have rdma_rxe"
+    # What rdma-core's udev rules do on a full system when an RDMA device appears: load the
+    # user-space verbs and connection-manager modules (the VM has no udev).
+    subprocess.run(["modprobe", "-a", "ib_uverbs", "rdma_ucm"], check=True)
+    return found
+
+
+def test_softroce_lab_is_refused_where_rxe_serves_only_the_initial_namespace(rxe):
+    if rxe["rdma_rxe_netns"]:
+        pytest.skip(f"kernel {platform.release()} has per-namespace rdma_rxe: its labs are built instead")
+    spec = lab_from_argument("star,2", name="vmrefused", rdma="softroce", **{"servers.runtime": "netns"})
+    with pytest.raises(MissingFeature, match="only the initial network namespace") as raised:
+        Lab.up(spec)
+    assert "\n" not in str(raised.value)
+    assert not LabState("vmrefused").exists()
+
+
+@pytest.fixture(scope="module")
+def roce_lab(rxe):
+    """roce_lab(shape) → a live soft-RoCE lab of that shape, one per shape, removed at the end."""
+    if not rxe["rdma_rxe_netns"]:
+        pytest.skip(
+            f"kernel {platform.release()}: rdma_rxe serves only the initial network namespace, so "
+            "RoCE cannot pass between lab servers (the vm tier's second kernel runs these)"
+        )
+    labs: dict[str, Lab] = {}
+
+    def make(shape: str) -> Lab:
+        if shape not in labs:
+            name = "vmroce" + str(len(labs))
+            labs[shape] = Lab.up(lab_from_argument(shape, name=name, rdma="softroce", **{"servers.runtime": "netns"}))
+        return labs[shape]
+
+    yield make
+    for lab in labs.values():
+        cleanup.clean_lab(lab.name)
+    left = subprocess.run(["rdma", "link", "show"], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if " rxe_" in line], f"rxe devices left: {left}"
+
+
+def test_every_data_nic_of_every_server_has_an_active_rxe_device(roce_lab):
+    lab = roce_lab("bcube,2,1")  # servers with two NICs
+    wanted = {(s.name, nic.name) for s in lab.topology.servers for nic in s.data_nics()}
+    devices = lab.status()["rxe"]
+    assert sorted((d["server"], d["netdev"]) for d in devices) == sorted(wanted)
+    assert {d["state"] for d in devices} == {"ACTIVE"}, devices
+
+
+def counters(lab: Lab, node: str) -> dict[str, tuple[int, int]]:
+    """ifname → (rx_bytes, tx_bytes), read from inside the node's namespace."""
+    links = json.loads(lab.exec(node, "ip -j -s link").stdout)
+    return {link["ifname"]: (link["stats64"]["rx"]["bytes"], link["stats64"]["tx"]["bytes"]) for link in links}
+
+
+def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3) -> dict:
+    """Run perftest's ib_send_bw from `client` to `server`'s address over rdma_cm (-R: the
+    connection is resolved from IP addresses, as RoCE v2 is routed, and the rxe device with
+    it). Returns the client's figures."""
+    target = str(lab.topology.address_of(server))
+    with tempfile.NamedTemporaryFile("r", suffix=".out") as log:
+        listener = lab.popen(server, f"exec stdbuf -oL ib_send_bw -R -D {seconds} > {log.name} 2>&1")
+        try:
+            deadline = time.monotonic() + 60
+            while "Waiting for client" not in log.read() and listener.poll() is None and time.monotonic() < deadline:
+                log.seek(0)
+                time.sleep(0.2)
+            client_run = lab.exec(client, f"timeout 90 ib_send_bw -R -D {seconds} {target}", timeout=120)
+            listener.wait(timeout=60)
+        finally:
+            listener.kill()
+            listener.wait()
+    assert client_run.returncode == 0, client_run.stdout + client_run.stderr
+    size, iterations, _, average = re.search(
+        r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s*$", client_run.stdout, re.M
+    ).groups()
+    return {"message_bytes": int(size), "iterations": int(iterations), "MB_per_s": float(average)}
+
+
+# Pairs whose two directions take the same NICs. An rxe queue pair sends through its own
+# netdev only, so RoCE needs symmetric paths: BCube servers two digits apart (h00, h11) are
+# not (h00 → h10 → h11, back h11 → h01 → h00), and their RDMA connection never completes.
+@pytest.mark.parametrize("shape,client,server", [
+    ("bcube,2,1", "h00", "h01"),  # through the level-0 switch, a bridge
+    ("leafspine,2,2,1", "l0h0", "l1h0"),  # through leaf, spine and leaf routers (ECMP)
+])
+def test_rdma_send_between_servers_across_the_fabric(roce_lab, figure, shape, client, server):
+    lab = roce_lab(shape)
+    first_hop = lab.topology.layered_paths(client, server, first_only=True)[0][1][0]
+    before = counters(lab, first_hop)
+    result = ib_send_bw(lab, client, server)
+    after = counters(lab, first_hop)
+    moved = result["message_bytes"] * result["iterations"]
+    carried = max(after[nic][1] - before[nic][1] for nic in after if nic in before)
+    figure(f"rdma_ib_send_bw {shape} {client}->{server}", {
+        **result, "Mbit_per_s": round(result["MB_per_s"] * 8 * 1.048576, 1), "fabric_node": first_hop,
+        "fabric_node_tx_bytes": carried,
+    })
+    assert result["iterations"] > 0 and result["MB_per_s"] > 0
+    assert carried >= moved, f"{first_hop} forwarded {carried} bytes, the exchange moved {moved}"

@@ -1,0 +1,106 @@
+"""The vm tier, from the host: boot Debian kernels under qemu and run tests/vm/guest inside.
+
+Two kernels, each booted once per session:
+- Debian 12's stock kernel (linux-image-amd64 from this machine's apt sources, 6.1): netem
+  labs, and the refusal of soft-RoCE labs, since its rdma_rxe serves only the initial
+  network namespace;
+- the stock kernel of TESTBED_VM_RDMA_SUITE (default trixie-backports, whose rdma_rxe is
+  per-namespace): soft-RoCE provisioning and an RDMA exchange across a lab's fabric.
+Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
+it takes about two and a half minutes once the kernels are cached (the first run downloads
+~100 MB per kernel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import host_snapshot
+from tests.vm import qemu
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = float(os.environ.get("TESTBED_VM_TIMEOUT", "600"))
+RDMA_SUITE = os.environ.get("TESTBED_VM_RDMA_SUITE", "trixie-backports")
+GUEST_LABS = ("testbed-vm",)  # every guest lab is named vm…: its namespaces are testbed-vm…-<node>
+
+
+def guest_pytest(*paths: str) -> str:
+    """The script the guest runs: pytest on guest tests, with this checkout's venv."""
+    # no hypothesis plugin: under emulation every import costs seconds
+    return (
+        f"cd {REPO} && TESTBED_VM_JOB=/job exec {sys.executable} -m pytest {' '.join(paths)} "
+        "-q -rs -p no:cacheprovider -p no:hypothesispytest\n"
+    )
+
+
+def figures(run: qemu.VmRun) -> dict:
+    lines = run.files.get("figures.jsonl", "").splitlines()
+    return {item["name"]: item["value"] for item in map(json.loads, filter(None, lines))}
+
+
+def boot(summary: list[str], what: str, suite: str | None, *paths: str) -> qemu.VmRun:
+    try:
+        kernel = qemu.prepare(suite=suite)
+    except qemu.VmUnavailable as exc:
+        pytest.skip(f"vm tier ({what}): {exc}")
+    run = qemu.run(kernel, guest_pytest(*paths), timeout=TIMEOUT)
+    boot_s = f"{run.boot_seconds:.1f} s" if run.boot_seconds is not None else "never"
+    summary.append(f"{what}: {kernel.package} — boot {boot_s}, VM total {run.seconds:.0f} s")
+    for name, value in figures(run).items():
+        summary.append(f"  {name}: {value}")
+    summary += [f"  guest {line}" for line in run.output.splitlines() if line.startswith("SKIPPED")]
+    return run
+
+
+def explain(run: qemu.VmRun) -> str:
+    state = f"timed out after {run.seconds:.0f} s" if run.timed_out else f"exit {run.returncode}"
+    return f"guest tests {state}\n--- guest output ---\n{run.output[-6000:]}\n--- console ---\n{run.console[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def vm_runs() -> list[qemu.VmRun]:
+    return []
+
+
+@pytest.fixture(scope="session")
+def stock_run(vm_summary, vm_runs) -> qemu.VmRun:
+    run = boot(vm_summary, "Debian 12 stock kernel", None, "tests/vm/guest")
+    vm_runs.append(run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def rdma_run(vm_summary, vm_runs) -> qemu.VmRun:
+    if not RDMA_SUITE:
+        pytest.skip("TESTBED_VM_RDMA_SUITE is empty: no kernel with per-namespace rdma_rxe to boot")
+    run = boot(vm_summary, f"{RDMA_SUITE} stock kernel", RDMA_SUITE, "tests/vm/guest/test_softroce.py")
+    vm_runs.append(run)
+    return run
+
+
+def test_guest_tests_pass_on_debian_12s_stock_kernel(stock_run):
+    assert stock_run.returncode == 0, explain(stock_run)
+    assert {"netem_rtt_ms", "netem_loss", "netem_jitter_rtt_ms"} <= figures(stock_run).keys(), explain(stock_run)
+
+
+def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run):
+    assert rdma_run.returncode == 0, explain(rdma_run)
+    exchanges = [name for name in figures(rdma_run) if name.startswith("rdma_ib_send_bw")]
+    assert len(exchanges) == 2, explain(rdma_run)  # they ran, they were not skipped
+
+
+def test_vm_tier_leaves_nothing_on_the_host(vm_runs):
+    if not vm_runs:
+        pytest.skip("no VM was booted")
+    children = subprocess.run(["pgrep", "-a", "-P", str(os.getpid())], capture_output=True, text=True).stdout
+    assert qemu.QEMU not in children, f"qemu still running: {children}"
+    assert [run.job for run in vm_runs if run.job.exists()] == []
+    # The guest's labs live in the guest's kernel: none may show on the host. (The whole
+    # host is not compared: other sessions may be building labs on it meanwhile.)
+    assert [ns for ns in host_snapshot()["namespaces"] if ns.startswith(GUEST_LABS)] == []
