@@ -47,8 +47,9 @@ def run_checks() -> list[Check]:
         why = {
             "netem": "labs with delay, jitter or loss are refused; the vm test tier has it",
             "rdma_rxe": "labs with rdma: softroce are refused; the vm test tier has it",
-            "rdma_rxe_netns": "labs with rdma: softroce are refused: this rdma_rxe serves only the "
-            "initial namespace (Debian 12's kernels); trixie-backports' kernel serves each namespace",
+            "rdma_rxe_netns": "labs with rdma: softroce are refused: they need an rdma_rxe that "
+            "serves every network namespace (Debian 12's 6.1/6.12 serve only the initial one; "
+            "trixie-backports' kernel does)",
             "openvswitch": "only needed for OVS switches",
         }
         for feature in (*features.KERNEL_FEATURES, "rdma_rxe_netns"):
