@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from orchestrator.agent.plan import PartitionPlan, Send
+from orchestrator.agent.plan import PartitionPlan, Send, Step
 from orchestrator.agent.proto import testbed_pb2 as pb
 
+SENDS_PER_NIC = 2
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 2**20),
     ("grpc.max_send_message_length", 64 * 2**20),
@@ -186,10 +187,28 @@ class Engine:
             async with self.changed:
                 state.position, state.entered_step = position, step.step
                 self.changed.notify_all()
-            await asyncio.gather(
-                *(self._send(plan.index, step.step, send) for send in step.sends),
-                state.received[step.step].wait(),
-            )
+            await asyncio.gather(self._send_all(plan.index, step), state.received[step.step].wait())
+
+    async def _send_all(self, partition: int, step: Step) -> None:
+        """A step's sends, at most SENDS_PER_NIC at once on each NIC, staggered by rank.
+
+        Several streams out of one NIC are no faster than two, but each holds gRPC buffers
+        (a mesh step has N−1): bounding them bounds memory. Starting each rank at the next
+        rank spreads the receivers. Only sends of one step share the bound, so no transfer
+        can wait on a slot that a later step holds (no deadlock)."""
+        by_nic: dict[int, list[Send]] = {}
+        ranks = len(self.peers)
+        for send in sorted(step.sends, key=lambda s: (s.dst - self.rank) % ranks):
+            by_nic.setdefault(send.nic, []).append(send)
+
+        async def lane(sends: list[Send]) -> None:
+            for send in sends:
+                await self._send(partition, step.step, send)
+
+        lanes = []
+        for sends in by_nic.values():
+            lanes += [lane(sends[i::SENDS_PER_NIC]) for i in range(min(SENDS_PER_NIC, len(sends)))]
+        await asyncio.gather(*lanes)
 
     async def close(self) -> None:
         for channel in self.channels.values():

@@ -58,7 +58,7 @@ class Agent:
         self.buffer_bytes = buffer.nbytes
         self.engine = Engine(
             config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
-            config.chunk_bytes or 2**20, config.credit_bytes, self.metrics.count_bytes,
+            config.chunk_bytes or 512 * 1024, config.credit_bytes, self.metrics.count_bytes,
         )
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", 0
@@ -248,7 +248,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="comma-separated host:port on data NICs")
     parser.add_argument("--metrics", help="host:port for Prometheus metrics (management network)")
     args = parser.parse_args(argv)
+    _limit_malloc_arenas()
     asyncio.run(serve(args.node, args.control, args.data.split(","), args.metrics))
+
+
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives every thread that allocates its own arena; gRPC's threads each grow one
+    with freed chunk buffers that are not returned. Two arenas keep the agent's RSS close
+    to its buffer (measured: the worst agent of a ring drops from ~83 to ~76 MiB)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-8, arenas)  # M_ARENA_MAX, before gRPC starts threads
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 if __name__ == "__main__":

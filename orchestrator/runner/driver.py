@@ -90,7 +90,7 @@ def run(
     ctx: Context | None = None,
     partition_bytes: int | None = None,
     credit_bytes: int = 0,
-    chunk_bytes: int = 2**20,
+    chunk_bytes: int = 512 * 1024,
     timeout: float = 600.0,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
