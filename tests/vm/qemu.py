@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import gzip
+import hashlib
 import lzma
 import os
 import re
@@ -125,7 +126,12 @@ def prepare(package: str | None = None, suite: str | None = None) -> Kernel:
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             (home / f"ready-{LAYOUT}").touch()
-        return _kernel(package, home)
+        kernel = _kernel(package, home)
+        if not kernel.initrd.exists():  # the init scripts changed since the kernel was cached
+            for stale in home.glob("initrd-*.gz"):
+                stale.unlink()
+            _build_initrd(kernel, kernel.modules.parents[2], kernel.initrd)
+        return kernel
 
 
 def _resolve(suite: str | None) -> str:
@@ -158,7 +164,12 @@ def _kernel(package: str, home: Path) -> Kernel:
         (p for p in (home / "root" / "boot" / f"vmlinuz-{modules.name}", modules / "vmlinuz") if p.exists()),
         modules / "vmlinuz",
     )
-    return Kernel(package, modules.name, vmlinuz, modules, home / "initrd.gz")
+    return Kernel(package, modules.name, vmlinuz, modules, home / f"initrd-{_init_digest()}.gz")
+
+
+def _init_digest() -> str:
+    """Names the initramfs after its init scripts, so editing them rebuilds only it."""
+    return hashlib.sha256((STAGE1 + STAGE2).encode()).hexdigest()[:12]
 
 
 def _run(argv: list[str], what: str, cwd: Path | None = None, timeout: float = 600) -> str:
@@ -185,7 +196,7 @@ def _build(package: str, work: Path, apt_options: list[str]) -> None:
     # depmod -b wants <base>/lib/modules/<release>
     base = kernel.modules.parents[2]
     _run(["depmod", "-b", str(base), kernel.release], "depmod")
-    _build_initrd(kernel, base, work / "initrd.gz")
+    _build_initrd(kernel, base, kernel.initrd)
 
 
 def _build_initrd(kernel: Kernel, base: Path, target: Path) -> None:
@@ -234,6 +245,7 @@ mount -t devtmpfs dev /dev
 fail() { echo "testbed-vm: $*"; echo o > /proc/sysrq-trigger; sleep 30; }
 for m in $(cat /mods/order); do insmod /mods/$m || fail "insmod $m"; done
 modules=$(sed -n 's/.*tb.modules=\([^ ]*\).*/\1/p' /proc/cmdline)
+project=$(sed -n 's/.*tb.project=\([^ ]*\).*/\1/p' /proc/cmdline)
 # cache=loose: the host root does not change under a test run, and 9p without caching makes
 # every Python import a round trip through an emulated virtio queue.
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /lower || fail "mount host root"
@@ -251,8 +263,13 @@ mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
 mount -t cgroup2 cgroup2 $R/sys/fs/cgroup 2>/dev/null
-# fresh state where the host keeps its own: its namespaces, labs and temporary files
+# fresh state where the host keeps its own: its namespaces, labs and temporary files; the
+# checkout may live under one of them (CI's may be in /tmp): set it aside, then put it back
+mkdir -p /keep
+mount --bind $R$project /keep || fail "bind project"
 for d in /run /tmp /var/tmp /var/lib/testbed; do mkdir -p $R$d; mount -t tmpfs tmpfs $R$d; done
+mkdir -p $R$project
+mount --move /keep $R$project || fail "move project"
 release=$(uname -r)
 mkdir -p $R/lib/modules/$release
 mount --bind $R$modules $R/lib/modules/$release || fail "bind modules"
@@ -277,6 +294,9 @@ $B sleep 30
 """
 
 
+PROJECT = Path(__file__).resolve().parents[2]  # this checkout, wherever it lives
+
+
 def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus: int = 2) -> VmRun:
     """Boot, run `script` with sh in the guest (cwd /, the job directory at /job), power off.
 
@@ -290,7 +310,7 @@ def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus
             QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
             "-accel", ACCEL, "-no-reboot", "-m", str(memory_mb), "-smp", str(cpus),
             "-kernel", str(kernel.vmlinuz), "-initrd", str(kernel.initrd),
-            "-append", f"console=ttyS0 quiet panic=-1 tb.modules={kernel.modules}",
+            "-append", f"console=ttyS0 quiet panic=-1 tb.modules={kernel.modules} tb.project={PROJECT}",
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={job},mount_tag=job,security_model=none,multidevs=remap",
         ]
