@@ -230,9 +230,7 @@ class _Builder:
             self.nl.open([None, *self.plan.namespaces.values()])
             self.sysctls()
             self.links()
-            self.bridges_and_addresses()
-            self.shaping()
-            self.routes()
+            self.configure_nodes()
             self.management()
             if self.spec.rdma == "softroce":
                 self.softroce()
@@ -285,50 +283,41 @@ class _Builder:
         self.progress("sysctls", 1, 1)
 
     def links(self) -> None:
-        ns = self.plan.namespaces
-        queue = self.spec.links.queue
-        total = len(self.topology.links)
-        for done, link in enumerate(self.topology.links, 1):
-            kernel.add_veth(self.nl, ns[link.a.node], link.a.interface, ns[link.b.node], link.b.interface, queue)
-            if done % 32 == 0 or done == total:
-                self.progress("links", done, total)
-        for link in self.topology.links:
-            kernel.set_up(self.nl, ns[link.b.node], link.b.interface)
+        """Every veth pair, created straight inside its two namespaces, both ends up."""
+        ns, queue = self.plan.namespaces, self.spec.links.queue
 
-    def bridges_and_addresses(self) -> None:
-        ns = self.plan.namespaces
-        for node in self.topology.nodes.values():
+        def make(nl: kernel.Netlink, link) -> None:
+            kernel.add_veth(nl, ns[link.a.node], link.a.interface, ns[link.b.node], link.b.interface, queue)
+            kernel.set_up(nl, ns[link.b.node], link.b.interface)
+
+        kernel.in_workers(self.topology.links, make, lambda done, total: self.progress("links", done, total))
+
+    def configure_nodes(self) -> None:
+        """Per node, in its own namespace: bridge and ports, addresses, shaping of its link
+        ends, routes. A node's whole configuration stays with one worker."""
+        ns, links = self.plan.namespaces, self.spec.links
+        ends: dict[str, list[str]] = {}
+        for link in self.topology.links:
+            for end in (link.a, link.b):
+                ends.setdefault(end.node, []).append(end.interface)
+
+        def configure(nl: kernel.Netlink, name: str) -> None:
+            node, space = self.topology.nodes[name], ns[name]
             if BRIDGE in node.interfaces:
-                kernel.add_bridge(self.nl, ns[node.name], BRIDGE)
+                kernel.add_bridge(nl, space, BRIDGE)
             for iface in node.interfaces.values():
                 if iface.master:
-                    kernel.enslave(self.nl, ns[node.name], iface.name, iface.master)
+                    kernel.enslave(nl, space, iface.name, iface.master)
                 if iface.address is not None:
-                    kernel.add_address(self.nl, ns[node.name], iface.name, iface.address)
-        self.progress("addresses", 1, 1)
+                    kernel.add_address(nl, space, iface.name, iface.address)
+            for ifname in ends.get(name, []):
+                kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
+            for route in self.topology.routes_of(name):
+                kernel.add_route(nl, space, route.prefix, [(h.dev, h.via) for h in route.nexthops])
 
-    def shaping(self) -> None:
-        links = self.spec.links
-        ns = self.plan.namespaces
-        total = len(self.topology.links)
-        for done, link in enumerate(self.topology.links, 1):
-            for end in (link.a, link.b):
-                kernel.shape(
-                    self.nl, ns[end.node], end.interface, links.bandwidth, links.queue,
-                    links.delay, links.jitter, links.loss,
-                )
-            if done % 32 == 0 or done == total:
-                self.progress("shaping", done, total)
-
-    def routes(self) -> None:
-        ns = self.plan.namespaces
-        nodes = list(self.topology.nodes)
-        for done, node in enumerate(nodes, 1):
-            for route in self.topology.routes_of(node):
-                hops = [(h.dev, h.via) for h in route.nexthops]
-                kernel.add_route(self.nl, ns[node], route.prefix, hops)
-            if done % 16 == 0 or done == len(nodes):
-                self.progress("routes", done, len(nodes))
+        kernel.in_workers(
+            list(self.topology.nodes), configure, lambda done, total: self.progress("configuring nodes", done, total)
+        )
 
     def management(self) -> None:
         plan, nl = self.plan, self.nl
