@@ -6,7 +6,9 @@
 Baseline: bench/mininet_baseline.py (a copy of ../shared/bench/mininet_baseline.py): raw
 Mininet 2.3.0 building a Fat-Tree(k) with LinuxBridge switches and 100 Mbit TCLinks.
 Ours: the same graph (same nodes and links, every link HTB-shaped to 100 Mbit both ways),
-`Lab.up` in `netns`; and BCube(4,1) with 16 Docker containers. Goals (issue 3): fattree-8
+`Lab.up` in `netns`; and BCube(4,1) with 16 Docker containers. Each timed `up` follows a
+quiet gap of QUIET_S seconds, as each Mininet baseline runs in a fresh process; the
+`up_down_cycle_s` column is an up+down started right after a down, for contrast. Goals (issue 3): fattree-8
 netns up <= 5 s, down <= 3 s; bcube-4-1 docker up <= 15 s, down <= 5 s. Prints a table and
 one JSON line per measurement.
 """
@@ -47,10 +49,16 @@ def baseline(k: int) -> dict:
     return {"up_s": data["build_s"] + data["start_s"], "down_s": data["stop_s"], **data}
 
 
+QUIET_S = 10  # the kernel frees a torn-down lab's namespaces in the background for seconds
+
+
 def ours(argument: str, runtime: str, repeat: int) -> dict:
+    """Timed up and down after a quiet gap, then an untimed-gap cycle (down → up at once),
+    which shows what the kernel's background teardown of the last lab costs the next."""
     spec = lab_from_argument(argument, **{"servers.runtime": runtime, "links.bandwidth": "100Mbit"})
     ups, downs, mem, cycle = [], [], [], []
     for _ in range(repeat):
+        time.sleep(QUIET_S)
         free = mem_available_mib()
         start = time.monotonic()
         lab = Lab.up(spec)
@@ -61,7 +69,7 @@ def ours(argument: str, runtime: str, repeat: int) -> dict:
         start = time.monotonic()
         lab.down()
         downs.append(time.monotonic() - start)
-        # a next `up` right after must not be slowed by the kernel still tearing down
+        # straight after a down: the kernel is still tearing the last lab down
         start = time.monotonic()
         Lab.up(spec).down()
         cycle.append(time.monotonic() - start)
