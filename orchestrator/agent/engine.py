@@ -192,9 +192,10 @@ class Engine:
     async def _send_all(self, partition: int, step: Step) -> None:
         """A step's sends, at most SENDS_PER_NIC at once on each NIC, staggered by rank.
 
-        Several streams out of one NIC are no faster than two, but each holds gRPC buffers
-        (a mesh step has N−1): bounding them bounds memory. Starting each rank at the next
-        rank spreads the receivers. Only sends of one step share the bound, so no transfer
+        Each stream holds gRPC buffers (a mesh step has N−1): bounding them bounds memory.
+        The price is measured on mesh, 8 servers of a star at 200 Mbit: ~0.5 of the cost
+        model with two streams, ~0.68 with all seven at once, which peaks ~20 MiB higher.
+        Starting each rank at the next rank spreads the receivers. Only sends of one step share the bound, so no transfer
         can wait on a slot that a later step holds (no deadlock)."""
         by_nic: dict[int, list[Send]] = {}
         ranks = len(self.peers)
