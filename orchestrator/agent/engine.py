@@ -22,12 +22,24 @@ from orchestrator.agent.plan import PartitionPlan, Send, Step
 from orchestrator.agent.proto import testbed_pb2 as pb
 
 SENDS_PER_NIC = 2
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 2**20),
-    ("grpc.max_send_message_length", 64 * 2**20),
-    # large windows: one stream must be able to fill a fast link on its own
-    ("grpc.http2.bdp_probe", 1),
-]
+
+
+def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
+    """gRPC options of the agents' servers and channels.
+
+    One stream must be able to fill a fast link on its own, so its HTTP/2 window must cover
+    the path's bandwidth-delay product. With `window_bytes` 0 gRPC grows windows by BDP
+    probing — but behind a deep link queue it measures the queueing delay too and lets every
+    connection buffer megabytes (a mesh agent has N−1 of them: measured ~98 MiB beyond its
+    gradient at 1 Gbit). Inside a lab the orchestrator knows the BDP and fixes the window
+    instead (see `runner.lab_agents.flow_window`)."""
+    options = [
+        ("grpc.max_receive_message_length", 64 * 2**20),
+        ("grpc.max_send_message_length", 64 * 2**20),
+    ]
+    if window_bytes:
+        return options + [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
+    return options + [("grpc.http2.bdp_probe", 1)]
 
 
 @dataclass
@@ -51,6 +63,7 @@ class Engine:
         chunk_bytes: int,
         credit_bytes: int,
         counters,
+        window_bytes: int = 0,
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -60,6 +73,7 @@ class Engine:
         self.chunk_elements = max(1, chunk_bytes // buffer.itemsize)
         self.credit_bytes = credit_bytes
         self.counters = counters  # callable(peer_node, sent_bytes, received_bytes)
+        self.options = channel_options(window_bytes)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
         self.changed = asyncio.Condition()
@@ -116,7 +130,7 @@ class Engine:
         peer = self.peers[send.dst]
         target = peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
         if target not in self.stubs:
-            self.channels[target] = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self.channels[target] = grpc.aio.insecure_channel(target, options=self.options)
             # requests are already-encoded Chunk messages (see encode_chunk)
             self.stubs[target] = self.channels[target].stream_unary(
                 PUSH, request_serializer=None, response_deserializer=pb.Ack.FromString

@@ -23,15 +23,16 @@ import numpy as np
 
 from orchestrator.agent import plan as plan_format
 from orchestrator.agent import workload as workloads
-from orchestrator.agent.engine import CHANNEL_OPTIONS, Engine, decode_chunk
+from orchestrator.agent.engine import Engine, channel_options, decode_chunk
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 
 
 class Agent:
-    def __init__(self, node: str, metrics: Metrics) -> None:
+    def __init__(self, node: str, metrics: Metrics, window_bytes: int = 0) -> None:
         self.node = node
+        self.window_bytes = window_bytes
         self.metrics = metrics
         self.state = "idle"
         self.error = ""
@@ -59,6 +60,7 @@ class Agent:
         self.engine = Engine(
             config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
             config.chunk_bytes or 512 * 1024, config.credit_bytes, self.metrics.count_bytes,
+            self.window_bytes,
         )
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", 0
@@ -213,16 +215,16 @@ class DataService:
             return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
 
 
-async def serve(node: str, control: str, data: list[str], metrics_at: str | None) -> None:
+async def serve(node: str, control: str, data: list[str], metrics_at: str | None, window_bytes: int = 0) -> None:
     metrics = Metrics(node)
     if metrics_at:
         host, _, port = metrics_at.rpartition(":")
         metrics.serve(host, int(port))
-    agent = Agent(node, metrics)
-    control_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    agent = Agent(node, metrics, window_bytes)
+    control_server = grpc.aio.server(options=channel_options())
     pb_grpc.add_ControlServicer_to_server(ControlService(agent), control_server)
     _bind(control_server, control)
-    data_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    data_server = grpc.aio.server(options=channel_options(window_bytes))
     data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
@@ -247,9 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", required=True, help="host:port on the management network")
     parser.add_argument("--data", required=True, help="comma-separated host:port on data NICs")
     parser.add_argument("--metrics", help="host:port for Prometheus metrics (management network)")
+    parser.add_argument("--window", type=int, default=0, metavar="BYTES",
+                        help="HTTP/2 flow-control window of data streams (0: grow it by BDP probing)")
     args = parser.parse_args(argv)
     _limit_malloc_arenas()
-    asyncio.run(serve(args.node, args.control, args.data.split(","), args.metrics))
+    asyncio.run(serve(args.node, args.control, args.data.split(","), args.metrics, args.window))
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:

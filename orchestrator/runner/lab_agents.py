@@ -17,8 +17,20 @@ from orchestrator.emulation.cleanup import process_start_time
 from orchestrator.emulation.journal import Entry
 from orchestrator.runner.driver import Endpoint, shutdown, wait_healthy
 from orchestrator.topology import Topology
+from orchestrator.topology.describe import diameter
 
 CONTROL_PORT, DATA_PORT, METRICS_PORT = 7000, 7001, 9100
+MIN_WINDOW = 2**20  # covers ~8 ms of a 1 Gbit path: scheduling delay of agents sharing cores
+
+
+def flow_window(spec, topology: Topology) -> int:
+    """Bytes of HTTP/2 window a data stream needs to fill a link across the lab's longest path:
+    twice the bandwidth-delay product, the delay being netem's delay + jitter on every link of
+    the diameter, both ways. Queueing delay is left out on purpose (a window sized to a full
+    queue only fills the queue)."""
+    links, _ = diameter(topology)
+    rtt = 2 * links * (spec.links.delay + spec.links.jitter)
+    return min(2**30, max(MIN_WINDOW, int(2 * spec.links.bandwidth / 8 * rtt)))  # gRPC takes an int32
 
 
 def nic_addresses(topology: Topology, server: str) -> dict[int, str]:
@@ -58,13 +70,14 @@ def endpoints(lab, servers: list[str] | None = None, roles: dict[str, str] | Non
 def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None) -> list[Endpoint]:
     """Start an agent on each server and wait until all answer; their endpoints."""
     eps = endpoints(lab, servers, roles)
+    window = flow_window(lab.spec, lab.topology)
     entries = []
     for endpoint in eps:
         node = lab.topology.node(endpoint.node)
         data = ",".join(f"{nic.address.ip}:{DATA_PORT}" for nic in node.data_nics())
         mgmt = endpoint.control.rsplit(":", 1)[0]
         args = ["--node", endpoint.node, "--control", endpoint.control, "--data", data,
-                "--metrics", f"{mgmt}:{METRICS_PORT}"]
+                "--metrics", f"{mgmt}:{METRICS_PORT}", "--window", str(window)]
         if lab.plan.in_container(endpoint.node):
             docker_engine.exec_detached(lab.plan.container_name(endpoint.node), ["testbed-agent", *args])
         else:

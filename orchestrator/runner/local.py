@@ -23,8 +23,11 @@ def free_ports(count: int) -> list[int]:
 
 
 @contextmanager
-def local_agents(workers: int, servers: int = 0, host: str = "127.0.0.1") -> Iterator[list[Endpoint]]:
-    """`workers` + `servers` agent processes on loopback; stopped on exit."""
+def local_agents(
+    workers: int, servers: int = 0, host: str = "127.0.0.1", window_bytes: int = 0
+) -> Iterator[list[Endpoint]]:
+    """`workers` + `servers` agent processes on loopback; stopped on exit. `window_bytes`:
+    their fixed HTTP/2 window (0: grown by BDP probing)."""
     total = workers + servers
     ports = free_ports(2 * total)
     endpoints, procs = [], []
@@ -33,7 +36,8 @@ def local_agents(workers: int, servers: int = 0, host: str = "127.0.0.1") -> Ite
         node = f"local{rank}"
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.agent.server", "--node", node, "--control", control, "--data", data],
+                [sys.executable, "-m", "orchestrator.agent.server", "--node", node, "--control", control, "--data", data,
+                 "--window", str(window_bytes)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )
         )

@@ -61,6 +61,16 @@ def test_partitioned_with_priority_and_credit(agents):
     assert all(r["verified"] for r in result.records())
 
 
+def test_a_fixed_window_smaller_than_a_chunk_still_delivers_every_byte():
+    # a lab's agents run with a fixed HTTP/2 window (lab_agents.flow_window); flow control
+    # must pace, not lose or reorder, chunks larger than the window
+    tensors = [300_000, 7, 65_537]
+    with local_agents(3, window_bytes=64 * 1024) as eps:
+        result = driver.run(eps, "mesh", tensors, workloads.emulated(tensors), iterations=2)
+    assert all(r["verified"] for r in result.records())
+    assert len(result.records()) == 6
+
+
 def test_digits_trains_to_identical_parameters_under_every_algorithm(agents):
     workers = 4
     specs = [workloads.digits(workers, rank) for rank in range(workers)]

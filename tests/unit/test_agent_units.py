@@ -120,3 +120,34 @@ def test_digits_fixed_point_sum_is_exact_and_order_free():
     assert np.array_equal(forward, backward)  # integers below 2^24: float32 is exact
     assert np.all(np.abs(forward) < 2**24)
     assert len({m.apply(forward.copy()) for m in models}) == 1
+
+
+def test_channel_options_fix_the_window_or_leave_it_to_bdp_probing():
+    from orchestrator.agent.engine import channel_options
+
+    fixed = dict(channel_options(3 * 2**20))
+    assert fixed["grpc.http2.bdp_probe"] == 0 and fixed["grpc.http2.lookahead_bytes"] == 3 * 2**20
+    probing = dict(channel_options())
+    assert probing["grpc.http2.bdp_probe"] == 1 and "grpc.http2.lookahead_bytes" not in probing
+
+
+@pytest.mark.parametrize(
+    "lab, overrides, expected",
+    [
+        # no netem delay: the floor
+        ("star,8", {}, 2**20),
+        # star: 2 links across, 5 ms each way on each → RTT 20 ms; 2 × 1 Gbit × 20 ms = 5 MB
+        ("star,8", {"links.delay": "5ms"}, 5_000_000),
+        # fat-tree k=4: 6 links across, (4 + 1) ms each → RTT 60 ms at 100 Mbit → 2 × 750 kB
+        ("fattree,4", {"links.delay": "4ms", "links.jitter": "1ms", "links.bandwidth": "100Mbit"}, 1_500_000),
+        # BCube relays through servers: n=4 k=1 is 4 links across; 10 ms → RTT 80 ms at 10 Gbit
+        ("bcube,4,1", {"links.delay": "10ms", "links.bandwidth": "10Gbit"}, 200_000_000),
+    ],
+)
+def test_flow_window_is_twice_the_bdp_across_the_diameter(lab, overrides, expected):
+    from orchestrator import topology
+    from orchestrator.runner.lab_agents import flow_window
+    from orchestrator.spec import lab_from_argument
+
+    spec = lab_from_argument(lab, **overrides)
+    assert flow_window(spec, topology.from_lab(spec)) == pytest.approx(expected, rel=1e-6)
