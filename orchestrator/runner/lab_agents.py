@@ -20,7 +20,11 @@ from orchestrator.topology import Topology
 from orchestrator.topology.describe import diameter
 
 CONTROL_PORT, DATA_PORT, METRICS_PORT = 7000, 7001, 9100
-MIN_WINDOW = 2**20  # covers ~8 ms of a 1 Gbit path: scheduling delay of agents sharing cores
+# The floor covers ~8 ms of a 1 Gbit path. Measured on star,8 at 1 Gbit, 2 cores shared by 8
+# agents: mesh peaks at ~75 MiB beyond its gradient (BDP probing: ~100; 4 MiB: ~86-100), and
+# the CPU-bound ring is ~10% slower than with BDP probing or 4 MiB (a descheduled receiver
+# stalls its sender sooner). Memory bounded per connection is what holds on any machine.
+MIN_WINDOW = 2**20
 
 
 def flow_window(spec, topology: Topology) -> int:
