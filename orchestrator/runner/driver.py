@@ -10,7 +10,9 @@ import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import grpc
 
@@ -64,16 +66,28 @@ class RunResult:
         ]
 
 
-def _stub(endpoint: Endpoint) -> pb_grpc.ControlStub:
-    return pb_grpc.ControlStub(grpc.insecure_channel(endpoint.control, options=BIG))
+@contextmanager
+def _control_stubs(endpoints: list[Endpoint]) -> Iterator[dict[str, pb_grpc.ControlStub]]:
+    """One Control channel per agent, by control address, closed on exit. A channel per call
+    would open a TCP connection per status poll (20 a second per agent) while the agents
+    are busy moving gradients."""
+    channels = {e.control: grpc.insecure_channel(e.control, options=BIG) for e in endpoints}
+    try:
+        yield {address: pb_grpc.ControlStub(channel) for address, channel in channels.items()}
+    finally:
+        for channel in channels.values():
+            channel.close()
 
 
 def wait_healthy(endpoints: list[Endpoint], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for endpoint in endpoints:
         while True:
+            # a fresh channel per try: a reused one would wait out gRPC's reconnect backoff
+            # after the agent finally listens
             try:
-                _stub(endpoint).Health(pb.Empty(), timeout=2)
+                with grpc.insecure_channel(endpoint.control, options=BIG) as channel:
+                    pb_grpc.ControlStub(channel).Health(pb.Empty(), timeout=2)
                 break
             except grpc.RpcError:
                 if time.monotonic() > deadline:
@@ -111,9 +125,9 @@ def run(
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
 
-    def configure(endpoint: Endpoint) -> None:
+    def configure(stub: pb_grpc.ControlStub, endpoint: Endpoint) -> None:
         spec = per_worker[endpoint.rank] if endpoint.role == "worker" else {"kind": "server"}
-        reply = _stub(endpoint).Configure(
+        reply = stub.Configure(
             pb.RunConfig(
                 run_id=run_id, rank=endpoint.rank, role=endpoint.role, peers=peers, algorithm=algorithm,
                 plan_json=plans[endpoint.rank], size=size, iterations=iterations,
@@ -125,46 +139,45 @@ def run(
         if not reply.ok:
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(configure, endpoints))
+    with _control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))
         started = time.monotonic()
-        for reply, endpoint in zip(pool.map(lambda e: _stub(e).Start(pb.StartRequest(run_id=run_id), timeout=30), endpoints), endpoints):
+        replies = pool.map(lambda e: stubs[e.control].Start(pb.StartRequest(run_id=run_id), timeout=30), endpoints)
+        for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-    _wait(endpoints, started + timeout)
-    wall = time.monotonic() - started
-    results = [_stub(e).Results(pb.Empty(), timeout=30) for e in endpoints]
+        _wait(endpoints, stubs, started + timeout)
+        wall = time.monotonic() - started
+        results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
     return RunResult(run_id, algorithm, results, size * 4, wall)
 
 
-def _wait(endpoints: list[Endpoint], deadline: float) -> None:
+def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float) -> None:
     pending = list(endpoints)
     while pending:
         for endpoint in list(pending):
-            status = _stub(endpoint).Status(pb.Empty(), timeout=10)
+            status = stubs[endpoint.control].Status(pb.Empty(), timeout=10)
             if status.state == "failed":
-                _stop_all(endpoints)
+                _call_each(stubs, "Stop")
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
             if status.state == "done":
                 pending.remove(endpoint)
         if pending and time.monotonic() > deadline:
-            _stop_all(endpoints)
+            _call_each(stubs, "Stop")
             names = ", ".join(e.node for e in pending[:4])
             raise RunError(f"run timed out waiting for {names}")
         time.sleep(0.05)
 
 
-def _stop_all(endpoints: list[Endpoint]) -> None:
-    for endpoint in endpoints:
+def _call_each(stubs: dict[str, pb_grpc.ControlStub], method: str) -> None:
+    """`method` (Stop, Shutdown) on every agent, skipping those already gone."""
+    for stub in stubs.values():
         try:
-            _stub(endpoint).Stop(pb.Empty(), timeout=5)
+            getattr(stub, method)(pb.Empty(), timeout=5)
         except grpc.RpcError:
             pass
 
 
 def shutdown(endpoints: list[Endpoint]) -> None:
-    for endpoint in endpoints:
-        try:
-            _stub(endpoint).Shutdown(pb.Empty(), timeout=5)
-        except grpc.RpcError:
-            pass
+    with _control_stubs(endpoints) as stubs:
+        _call_each(stubs, "Shutdown")
