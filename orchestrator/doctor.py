@@ -65,12 +65,11 @@ def run_checks() -> list[Check]:
     for tool in ("prometheus", "promtool", "debootstrap"):
         path = shutil.which(tool)
         checks.append(Check(tool, bool(path), path or "missing", f"apt-get install {tool if tool != 'promtool' else 'prometheus'}, or {SETUP}"))
-    ansible = shutil.which("ansible-playbook") or (importlib.util.find_spec("ansible_runner") and "ansible_runner")
     has_runner = importlib.util.find_spec("ansible_runner") is not None
     checks.append(
         Check(
             "ansible",
-            bool(ansible) and has_runner,
+            has_runner,
             "ansible-runner importable" if has_runner else "ansible-runner missing",
             "pip install ansible-runner ansible-core (the venv from ./setup.sh has them)",
         )

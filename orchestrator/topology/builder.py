@@ -61,8 +61,8 @@ class TopologyBuilder:
 
     # -- links ------------------------------------------------------------------------------
     def next_ifname(self, node: str) -> str:
-        ports = [i for i in self.nodes[node].interfaces.values() if not i.is_bridge]
-        return f"{node}-eth{len(ports)}"
+        interfaces = self.nodes[node].interfaces
+        return f"{node}-eth{len(interfaces) - (BRIDGE in interfaces)}"  # the bridge is no port
 
     def link(
         self,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import networkx as nx
 
-from orchestrator.topology.model import Topology
+from orchestrator.topology.model import Endpoint, Topology
 
 
 def graph(topology: Topology) -> nx.MultiGraph:
@@ -56,17 +56,12 @@ def summary(topology: Topology) -> dict:
 
 def to_json(topology: Topology, with_routes: bool = False) -> dict:
     """The whole topology as plain data (what `testbed topology --json` prints)."""
-    wire = {}
-    for link in topology.links:
-        wire[(link.a.node, link.a.interface)] = link.b
-        wire[(link.b.node, link.b.interface)] = link.a
-
     def interfaces(node, addressed_only: bool) -> list[dict]:
         out = []
         for iface in node.interfaces.values():
             if addressed_only and iface.address is None:
                 continue
-            peer = wire.get((node.name, iface.name))
+            peer = topology.peer(Endpoint(node.name, iface.name))
             entry = {"name": iface.name, "address": str(iface.address) if iface.address else None}
             if iface.level is not None:
                 entry["level"] = iface.level

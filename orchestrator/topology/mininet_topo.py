@@ -77,9 +77,6 @@ class _NamespacedSwitch(Switch):
         for command in self.commands:
             self.cmd(command)
 
-    def stop(self, deleteIntfs=True):  # noqa: N803 (Mininet's signature)
-        super().stop(deleteIntfs)
-
     def connected(self) -> bool:
         return True  # nothing to connect to: no controller is involved
 

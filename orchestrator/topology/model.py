@@ -165,9 +165,6 @@ class Topology:
             self._routes[node] = self._lazy_routes(node)
         return self._routes.get(node, [])
 
-    def route_count(self) -> int:
-        return sum(len(self.routes_of(name)) for name in self.nodes)
-
     def lookup(self, node: str, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
         table = self._tables.get(node)
         if table is None:

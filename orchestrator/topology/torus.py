@@ -39,11 +39,6 @@ def direction(src: int, dst: int, k: int) -> int:
     return 1 if forward <= k - forward else -1
 
 
-def ring_distance(src: int, dst: int, k: int) -> int:
-    forward = (dst - src) % k
-    return min(forward, k - forward)
-
-
 def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
     builder = TopologyBuilder("torus", {"k": k, "d": d})
     builder.check_size(k**d)
