@@ -57,11 +57,6 @@ def server_recipe() -> str:
     return _hash(base_recipe().encode(), *(str(p.relative_to(PROJECT)).encode() + p.read_bytes() for p in files))
 
 
-def is_current(reference: str) -> bool:
-    wanted = {BASE: base_recipe, SERVER: server_recipe}[reference]()
-    return docker_engine.image_label(reference, RECIPE_LABEL) == wanted
-
-
 def build_base(progress: Progress) -> bool:
     """Build testbed/base:bookworm if it is missing or stale; True if it built."""
     recipe = base_recipe()

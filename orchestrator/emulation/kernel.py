@@ -71,6 +71,16 @@ def netns_path(name: str) -> Path:
     return NETNS_DIR / name
 
 
+def _claim_netns_path(name: str) -> Path:
+    """Create the file a namespace is bind-mounted on; a namespace of that name must not exist."""
+    path = netns_path(name)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+    except FileExistsError:
+        raise EmulationError(f"namespace {name} already exists: run `testbed clean`") from None
+    return path
+
+
 def create_namespaces(names: Sequence[str]) -> None:
     """Create named network namespaces (like `ip netns add`), all from one thread."""
     if not names:
@@ -79,11 +89,7 @@ def create_namespaces(names: Sequence[str]) -> None:
 
     def work() -> None:
         for name in names:
-            path = netns_path(name)
-            try:
-                os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
-            except FileExistsError:
-                raise EmulationError(f"namespace {name} already exists: run `testbed clean`") from None
+            path = _claim_netns_path(name)
             _check(_libc.unshare(CLONE_NEWNET), f"unshare for namespace {name}")
             _check(
                 _libc.mount(b"/proc/thread-self/ns/net", str(path).encode(), b"none", MS_BIND, None),
@@ -96,11 +102,7 @@ def create_namespaces(names: Sequence[str]) -> None:
 def attach_namespace(name: str, pid: int) -> None:
     """Name the network namespace of process `pid` (like `ip netns attach`)."""
     _prepare_netns_dir()
-    path = netns_path(name)
-    try:
-        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
-    except FileExistsError:
-        raise EmulationError(f"namespace {name} already exists: run `testbed clean`") from None
+    path = _claim_netns_path(name)
     source = f"/proc/{pid}/ns/net".encode()
     _check(_libc.mount(source, str(path).encode(), b"none", MS_BIND, None), f"attach {name}")
 

@@ -251,8 +251,8 @@ class _Builder:
         self.progress("namespaces", len(in_ns), total)
         if not in_docker:
             return
-        self.record([Entry("container", plan.container_name(n), {}) for n in in_docker])
-        self.record([Entry("netns", plan.namespaces[n], {}) for n in in_docker])
+        self.record([Entry("container", plan.container_name(n), {}) for n in in_docker]
+                    + [Entry("netns", plan.namespaces[n], {}) for n in in_docker])
         servers = self.spec.servers
         specs = [
             {
