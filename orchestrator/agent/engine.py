@@ -44,7 +44,6 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
 
 @dataclass
 class _PartitionState:
-    position: int = -1  # index into the partition's steps: the step the rank is in
     entered_step: int = -1  # schedule step number entered (-1: not started)
     remaining: dict[int, int] = field(default_factory=dict)  # step → elements still to receive
     received: dict[int, asyncio.Event] = field(default_factory=dict)
@@ -197,9 +196,9 @@ class Engine:
 
     async def _run_partition(self, plan: PartitionPlan) -> None:
         state = self.states[plan.index]
-        for position, step in enumerate(plan.steps):
+        for step in plan.steps:
             async with self.changed:
-                state.position, state.entered_step = position, step.step
+                state.entered_step = step.step
                 self.changed.notify_all()
             await asyncio.gather(self._send_all(plan.index, step), state.received[step.step].wait())
 

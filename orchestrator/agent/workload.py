@@ -27,14 +27,18 @@ CHECK_POSITIONS = 1024
 BLOCK = 1 << 16
 
 
+def _pattern(positions: np.ndarray, rank: int, iteration: int) -> np.ndarray:
+    """The emulated gradient's value at `positions` (int64): small, exactly summable."""
+    return (positions * 7 + rank * 13 + iteration * 5) % 17 - 8
+
+
 def emulated_gradient(rank: int, iteration: int, size: int, out: np.ndarray) -> None:
     """Small integers that depend on rank, iteration and position (exactly summable).
 
     The pattern repeats every 17 positions, so it is built once and tiled block by block:
     no temporary as large as the buffer (agent memory stays ~ the buffer itself).
     """
-    base = (np.arange(BLOCK + 17, dtype=np.int64) * 7 + rank * 13 + iteration * 5) % 17 - 8
-    pattern = base.astype(out.dtype)
+    pattern = _pattern(np.arange(BLOCK + 17, dtype=np.int64), rank, iteration).astype(out.dtype)
     for start in range(0, size, BLOCK):
         count = min(BLOCK, size - start)
         shift = start % 17
@@ -47,7 +51,7 @@ def check_sum(buffer: np.ndarray, workers: int, iteration: int, rng: np.random.G
     positions = np.unique(np.concatenate([[0, size - 1], rng.integers(0, size, min(CHECK_POSITIONS, size))]))
     expected = np.zeros(len(positions), dtype=np.int64)
     for rank in range(workers):
-        expected += (positions * 7 + rank * 13 + iteration * 5) % 17 - 8
+        expected += _pattern(positions, rank, iteration)
     return bool(np.array_equal(buffer[positions].astype(np.int64), expected))
 
 

@@ -17,8 +17,7 @@ from typing import Sequence
 class Partition:
     offset: int  # elements into the flat buffer
     length: int  # elements
-    priority: int  # layer index: lower goes first
-    tensor: int  # index of the tensor it belongs to
+    priority: int  # index of the tensor (layer) it belongs to: lower goes first
 
 
 def partitions(tensor_sizes: Sequence[int], max_bytes: int | None, itemsize: int = 4) -> list[Partition]:
@@ -28,11 +27,11 @@ def partitions(tensor_sizes: Sequence[int], max_bytes: int | None, itemsize: int
     """
     total = sum(tensor_sizes)
     if max_bytes is None:
-        return [Partition(0, total, 0, 0)] if total else []
+        return [Partition(0, total, 0)] if total else []
     limit = max(1, max_bytes // itemsize)
     out, offset = [], 0
     for index, size in enumerate(tensor_sizes):
         for start in range(0, size, limit):
-            out.append(Partition(offset + start, min(limit, size - start), index, index))
+            out.append(Partition(offset + start, min(limit, size - start), index))
         offset += size
     return sorted(out, key=lambda p: (p.priority, p.offset))

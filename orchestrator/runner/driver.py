@@ -52,10 +52,11 @@ class RunResult:
     wall_seconds: float
 
     def gst(self) -> list[float]:
-        """Per iteration, the synchronisation time of the slowest worker."""
-        workers = [r for r in self.results if r.records and r.records[0].bytes_sent >= 0]
-        iterations = min(len(r.records) for r in workers)
-        return [max(r.records[i].gst_seconds for r in workers) for i in range(iterations)]
+        """Per iteration, the synchronisation time of the slowest agent (parameter servers
+        report iterations too and are included)."""
+        agents = [r for r in self.results if r.records]
+        iterations = min(len(r.records) for r in agents)
+        return [max(r.records[i].gst_seconds for r in agents) for i in range(iterations)]
 
     def records(self) -> list[dict]:
         return [
