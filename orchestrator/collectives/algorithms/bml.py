@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from orchestrator.collectives.algorithms.hips import Coords, level_coords, topology_ranks, with_coord
+from orchestrator.collectives.algorithms.hips import Coords, level_coords, stage_groups, topology_ranks, with_coord
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 
@@ -105,7 +105,7 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
     if unknown:
         raise ValueError(f"bml: failed servers {', '.join(map(str, unknown))} are not in this bcube")
     dead = sorted({ranks[name] for name in failed_names})
-    live = [r for r in range(len(coords)) if r not in set(dead)]
+    live = sorted(set(range(len(coords))) - set(dead))
     if not live:
         raise ValueError("bml: every server has failed")
     _check_failures(dead, coords, h)
@@ -128,10 +128,8 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
         out = []
         for g, sets in enumerate(groups):
             level = (g + stage) % h
-            for c in coords:
-                if c[level] != 0:
-                    continue  # one pass per switch group
-                members = [index[with_coord(c, level, v)] for v in range(n)]
+            for members in stage_groups(coords, n, level):  # one pass per switch group
+                c = coords[members[0]]
                 prefix = _key(c, g, h)[:stage]
                 for v, owner in enumerate(members):
                     if owner not in alive:

@@ -24,27 +24,8 @@ from __future__ import annotations
 import math
 
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.algorithms.ring import ring_allgather, ring_reduce_scatter
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
-
-
-def ring_reduce_scatter(order: list[int], offset: int, length: int) -> list[list[Transfer]]:
-    """n−1 steps of ring reduce-scatter (as ring.py); position p ends owning chunk (p+1) mod n."""
-    n = len(order)
-    pieces = chunks(offset, length, n)
-    return [
-        [Transfer(rank, order[(p + 1) % n], *pieces[(p - s) % n], "reduce") for p, rank in enumerate(order)]
-        for s in range(n - 1)
-    ]
-
-
-def ring_allgather(order: list[int], offset: int, length: int) -> list[list[Transfer]]:
-    """n−1 steps of ring allgather, starting from the ownership `ring_reduce_scatter` leaves."""
-    n = len(order)
-    pieces = chunks(offset, length, n)
-    return [
-        [Transfer(rank, order[(p + 1) % n], *pieces[(p + 1 - s) % n], "copy") for p, rank in enumerate(order)]
-        for s in range(n - 1)
-    ]
 
 
 def _topology_groups(ctx: Context) -> list[list[int]] | None:

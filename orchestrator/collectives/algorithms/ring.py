@@ -23,14 +23,27 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
     schedule = Schedule("ring", ctx.workers, size)
     if n < 2:
         return schedule
-    pieces = chunks(offset, length, n)
-    for phase, op in (("reduce-scatter", "reduce"), ("allgather", "copy")):
-        for s in range(n - 1):
-            step = []
-            for position, rank in enumerate(order):
-                # reduce-scatter sends chunk (p − s); allgather sends the finished (p + 1 − s)
-                piece = (position - s + (0 if phase == "reduce-scatter" else 1)) % n
-                start, count = pieces[piece]
-                step.append(Transfer(rank, order[(position + 1) % n], start, count, op))
-            schedule.add_step(step)
+    for step in ring_reduce_scatter(order, offset, length) + ring_allgather(order, offset, length):
+        schedule.add_step(step)
     return schedule
+
+
+def ring_reduce_scatter(order: list[int], offset: int, length: int) -> list[list[Transfer]]:
+    """n−1 steps of ring reduce-scatter among `order` over the range: step s sends chunk
+    (p − s) mod n from position p to p + 1, so p ends owning the sum of chunk (p+1) mod n."""
+    n = len(order)
+    pieces = chunks(offset, length, n)
+    return [
+        [Transfer(rank, order[(p + 1) % n], *pieces[(p - s) % n], "reduce") for p, rank in enumerate(order)]
+        for s in range(n - 1)
+    ]
+
+
+def ring_allgather(order: list[int], offset: int, length: int) -> list[list[Transfer]]:
+    """n−1 steps of ring allgather, starting from the ownership `ring_reduce_scatter` leaves."""
+    n = len(order)
+    pieces = chunks(offset, length, n)
+    return [
+        [Transfer(rank, order[(p + 1) % n], *pieces[(p + 1 - s) % n], "copy") for p, rank in enumerate(order)]
+        for s in range(n - 1)
+    ]
