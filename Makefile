@@ -11,16 +11,17 @@ test:
 	./setup.sh test
 
 test-unit:
-	.venv/bin/python -m pytest tests/unit -q -p no:cacheprovider
+	./setup.sh test tests/unit -q
 
 # The vm tier alone (`make test` runs it too): Debian kernels under qemu, ~2 min once cached,
 # each of its two boots bounded by TESTBED_VM_TIMEOUT seconds (default 600).
 test-vm:
-	.venv/bin/python -m pytest tests/vm -rs -p no:cacheprovider
+	./setup.sh test tests/vm
 
 bench:
 	./setup.sh
 	.venv/bin/python bench/lab_bringup.py
 
 clean:
+	test -x .venv/bin/testbed || ./setup.sh
 	.venv/bin/testbed clean

@@ -51,13 +51,11 @@ def test_bridges_work_under_dockers_forward_drop(make_lab):
     rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
     if not (nf.exists() and nf.read_text().strip() == "1" and "-P FORWARD DROP" in rules):
         pytest.skip("the Docker FORWARD DROP + br_netfilter hazard is not present on this host")
-    before = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    before = host_snapshot()["rules"]
     lab = make_lab("star,4", name="fwd", **{"servers.runtime": "docker"})
     assert unreachable_pairs(lab) == []
     assert iperf3_mbit(lab, "h0", "h1", seconds=2) > 0.9 * lab.spec.links.bandwidth / 1e6
-    after = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    strip = lambda text: sorted(l for l in text.splitlines() if not l.startswith(("#", ":")))
-    assert strip(after) == strip(before)  # and not one firewall rule was touched
+    assert host_snapshot()["rules"] == before  # and not one firewall rule was touched
 
 
 def _lab_traces(name: str) -> dict:

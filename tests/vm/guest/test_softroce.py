@@ -93,11 +93,12 @@ def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3) -> dict:
                 log.seek(0)
                 time.sleep(0.2)
             client_run = lab.exec(client, f"timeout 90 ib_send_bw -R -D {seconds} {target}", timeout=120)
+            # the client's own failure first: a server whose client gave up waits forever
+            assert client_run.returncode == 0, client_run.stdout + client_run.stderr
             listener.wait(timeout=60)
         finally:
             listener.kill()
             listener.wait()
-    assert client_run.returncode == 0, client_run.stdout + client_run.stderr
     size, iterations, _, average = re.search(
         r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s*$", client_run.stdout, re.M
     ).groups()
