@@ -11,6 +11,8 @@
    machine the agents' own CPU, not the network, is what bounds the ring. The ring is also
    run at `--slow-rate`, where the CPU is not the bound, to show the schedule's efficiency.
 3. memory: agents' peak RSS beyond their gradient buffer. Goal: ≤ 80 MB.
+4. with --scaling: the same 1 Gbit ring on 2 and 4 servers as well, i.e. with more CPU per
+   agent; shows how much of the 8-server figure the machine's core count takes.
 Agents run in bare namespaces (netns runtime) from this venv. Prints a table and JSON.
 """
 
@@ -107,6 +109,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--slow-rate", default="200Mbit", help="a link rate where CPU is not the bound")
+    parser.add_argument("--scaling", action="store_true", help="also run the 1 Gbit ring on 2 and 4 servers")
     args = parser.parse_args()
     one = goodput(args.mbytes, args.iterations)
     rings = [ring_busbw(args.servers, args.mbytes, args.iterations, rate) for rate in ("1Gbit", args.slow_rate)]
@@ -116,9 +119,14 @@ def main() -> None:
               f"ratio to link {ring['ratio_to_link']} (goal >= 0.9); iperf3 in the ring's pattern "
               f"{ring['iperf3_ring_mbit_per_flow']} Mbit/s per flow at {ring['iperf3_ring_cpu_busy']:.0%} CPU; "
               f"agents at {ring['agents_cpu_busy']:.0%} CPU")
+    smaller = [n for n in (2, 4) if n < args.servers] if args.scaling else []
+    scaling = [ring_busbw(n, args.mbytes, args.iterations, "1Gbit") for n in smaller]
+    for ring in scaling:
+        print(f"scaling   {ring['servers']} servers at 1Gbit: busbw ratio to link {ring['ratio_to_link']}, "
+              f"agents at {ring['agents_cpu_busy']:.0%} CPU")
     memory = max([one["rss_beyond_buffer_mib"]] + [r["rss_beyond_buffer_mib"] for r in rings])
     print(f"memory    agent RSS beyond buffers: {memory} MiB (goal <= 80 MB = 76.3 MiB)")
-    print(json.dumps({"goodput": one, "ring": rings}))
+    print(json.dumps({"goodput": one, "ring": rings, "scaling": scaling}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+# Bytes per streamed message of a transfer. Every message costs the agent fixed Python and
+# gRPC work, and every message in flight is held several times over by gRPC's Python layer:
+# 1 MiB gained ≤ 10 % in a CPU-bound ring (8 agents, 1 Gbit, 2 cores) but took a mesh agent
+# (7 peers) from 73 to 83 MiB beyond its gradient, over the 80 MB bound.
+CHUNK_BYTES = 512 * 1024
+
 
 @dataclass(frozen=True)
 class Send:

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import grpc
 
-from orchestrator.agent.plan import build_rank_plans
+from orchestrator.agent.plan import CHUNK_BYTES, build_rank_plans
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.collectives import registry
@@ -105,7 +105,7 @@ def run(
     ctx: Context | None = None,
     partition_bytes: int | None = None,
     credit_bytes: int = 0,
-    chunk_bytes: int = 512 * 1024,
+    chunk_bytes: int = CHUNK_BYTES,
     timeout: float = 600.0,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.

@@ -151,3 +151,37 @@ def test_flow_window_is_twice_the_bdp_across_the_diameter(lab, overrides, expect
 
     spec = lab_from_argument(lab, **overrides)
     assert flow_window(spec, topology.from_lab(spec)) == pytest.approx(expected, rel=1e-6)
+
+
+def _agent_process(code: str, env: dict[str, str]) -> str:
+    """Output of `code` run in a fresh interpreter after importing the agent's server module."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    script = "import orchestrator.agent.server as server\n" + code
+    return subprocess.run([sys.executable, "-c", script], env=base | env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_agent_runs_grpc_on_iomgr_endpoints_unless_the_user_chose():
+    assert _agent_process("import os; print(os.environ['GRPC_EXPERIMENTS'])", {}) == \
+        "-event_engine_client,-event_engine_listener"
+    assert _agent_process("import os; print(os.environ['GRPC_EXPERIMENTS'])", {"GRPC_EXPERIMENTS": "x"}) == "x"
+
+
+def test_tuned_malloc_serves_message_sized_buffers_without_faulting_pages_in():
+    # 200 times four 1 MiB messages in flight, then freed: with glibc's defaults the heap
+    # is trimmed and grown again each time, faulting every page back in (~256 per MiB).
+    measure = (
+        "import resource\n"
+        "{tune}\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for i in range(200): held = [bytearray(2**20 + i) for _ in range(4)]; del held\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+    )
+    default = int(_agent_process(measure.format(tune=""), {}))
+    tuned = int(_agent_process(measure.format(tune="server._tune_malloc()"), {}))
+    assert default > 200 * 4 * 128
+    assert tuned < default / 20
