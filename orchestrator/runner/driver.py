@@ -157,7 +157,11 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
     pending = list(endpoints)
     while pending:
         for endpoint in list(pending):
-            status = stubs[endpoint.control].Status(pb.Empty(), timeout=10)
+            try:
+                status = stubs[endpoint.control].Status(pb.Empty(), timeout=10)
+            except grpc.RpcError as exc:
+                _call_each(stubs, "Stop")
+                raise RunError(f"rank {endpoint.rank} ({endpoint.node}) stopped answering: {exc.code().name}") from exc
             if status.state == "failed":
                 _call_each(stubs, "Stop")
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")

@@ -88,3 +88,25 @@ def test_digits_trains_to_identical_parameters_under_every_algorithm(agents):
         final = sum(r["loss"] for r in records if r["iteration"] >= 20) / (5 * workers)
         assert final < 0.8 * first, (algorithm, first, final)  # the loss falls
     assert len(set(digests.values())) == 1, digests  # and every algorithm trains identically
+
+
+def test_a_peer_that_dies_mid_run_fails_the_run_naming_a_rank():
+    import subprocess
+    import threading
+    import time
+
+    tensors = [4_000_000]
+    with local_agents(4) as eps:
+        victim = subprocess.run(["pgrep", "-f", "--", f"--control {eps[2].control}"], capture_output=True, text=True)
+        pid = int(victim.stdout.split()[0])
+        killer = threading.Timer(1.0, lambda: subprocess.run(["kill", "-9", str(pid)]))
+        killer.start()
+        started = time.monotonic()
+        with pytest.raises(driver.RunError) as failure:
+            driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=200, timeout=120)
+        killer.join()
+        # whoever reports it (the dead rank's sender, or the driver polling it), it names rank 2
+        assert "rank 2 (local2)" in str(failure.value) and "\n" not in str(failure.value)
+        assert time.monotonic() - started < 60  # noticed, not timed out
+        survivors = driver.run(eps[:2], "ring", [1000], workloads.emulated([1000]), iterations=1)
+        assert all(r["verified"] for r in survivors.records())
