@@ -9,7 +9,8 @@
    (busbw = S/t · 2(n−1)/n). Goal: ≥ 0.9 × link rate. Baseline in the same run: 8 iperf3
    flows in the ring's pattern (h_i → h_i+1) at once, with the CPU each takes: on a 2-core
    machine the agents' own CPU, not the network, is what bounds the ring. The ring is also
-   run at `--slow-rate`, where the CPU is not the bound, to show the schedule's efficiency.
+   run at `--slow-rate`, where the CPU is not the bound, to show the schedule's efficiency,
+   and each ring once more pipelined (ByteScheduler partitions, two in flight).
 3. memory: agents' peak RSS beyond their gradient buffer. Goal: ≤ 80 MB.
 4. with --scaling: the same 1 Gbit ring on 2 and 4 servers as well, i.e. with more CPU per
    agent; shows how much of the 8-server figure the machine's core count takes.
@@ -78,7 +79,9 @@ def iperf3_ring(lab, servers: int, seconds: int = 5) -> dict:
     return {"mbit_per_flow": round(statistics.median(rates), 1), "cpu_busy": busy}
 
 
-def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str) -> dict:
+def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0) -> dict:
+    """The ring's busbw; with `partition_mbytes`, pipelined: ByteScheduler partitions of that
+    size, two in flight (credit window), so one partition's steps overlap the next's."""
     spec = lab_from_argument(f"star,{servers}", name="bench-ring", **{"servers.runtime": "netns", "links.bandwidth": rate})
     with Lab.up(spec) as lab:
         baseline = iperf3_ring(lab, servers)
@@ -86,7 +89,10 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str) -> dict:
         try:
             elements = mbytes * 2**20 // 4
             before = cpu_counters()
-            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations)
+            pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
+                if partition_mbytes else {}
+            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations,
+                                **pipelining)
             busy = cpu_busy(before, cpu_counters())
             gst = statistics.median(result.gst()[1:] if iterations > 1 else result.gst())
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
@@ -95,7 +101,7 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str) -> dict:
     link = spec.links.bandwidth
     algbw = elements * 4 * 8 / gst
     busbw = algbw * 2 * (servers - 1) / servers
-    return {"servers": servers, "mbytes": mbytes, "link": rate, "gst_s": round(gst, 3),
+    return {"servers": servers, "mbytes": mbytes, "link": rate, "partition_mbytes": partition_mbytes, "gst_s": round(gst, 3),
             "algbw_gbit": round(algbw / 1e9, 3), "busbw_gbit": round(busbw / 1e9, 3),
             "ratio_to_link": round(busbw / link, 3), "goal": 0.9, "agents_cpu_busy": busy,
             "iperf3_ring_mbit_per_flow": baseline["mbit_per_flow"], "iperf3_ring_cpu_busy": baseline["cpu_busy"],
@@ -110,12 +116,15 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--slow-rate", default="200Mbit", help="a link rate where CPU is not the bound")
     parser.add_argument("--scaling", action="store_true", help="also run the 1 Gbit ring on 2 and 4 servers")
+    parser.add_argument("--partition-mbytes", type=int, default=8, help="partition size of the pipelined ring")
     args = parser.parse_args()
     one = goodput(args.mbytes, args.iterations)
-    rings = [ring_busbw(args.servers, args.mbytes, args.iterations, rate) for rate in ("1Gbit", args.slow_rate)]
+    rings = [ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition)
+             for partition in (0, args.partition_mbytes) for rate in ("1Gbit", args.slow_rate)]
     print(f"goodput   iperf3 {one['iperf3_mbit']} Mbit/s, agent {one['agent_mbit']} Mbit/s: ratio {one['ratio']} (goal >= 0.97)")
     for ring in rings:
-        print(f"ring      {ring['servers']} servers, {ring['mbytes']} MB, {ring['link']} links: busbw {ring['busbw_gbit']} Gbit/s, "
+        kind = f"pipelined, {ring['partition_mbytes']} MiB partitions" if ring["partition_mbytes"] else "one partition"
+        print(f"ring      {ring['servers']} servers, {ring['mbytes']} MB, {ring['link']} links, {kind}: busbw {ring['busbw_gbit']} Gbit/s, "
               f"ratio to link {ring['ratio_to_link']} (goal >= 0.9); iperf3 in the ring's pattern "
               f"{ring['iperf3_ring_mbit_per_flow']} Mbit/s per flow at {ring['iperf3_ring_cpu_busy']:.0%} CPU; "
               f"agents at {ring['agents_cpu_busy']:.0%} CPU")

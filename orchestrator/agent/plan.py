@@ -18,10 +18,27 @@ import json
 from dataclasses import dataclass
 
 # Bytes per streamed message of a transfer. Every message costs the agent fixed Python and
-# gRPC work, and every message in flight is held several times over by gRPC's Python layer:
-# 1 MiB gained ≤ 10 % in a CPU-bound ring (8 agents, 1 Gbit, 2 cores) but took a mesh agent
-# (7 peers) from 73 to 83 MiB beyond its gradient, over the 80 MB bound.
+# gRPC work, and every message in flight is held several times over by gRPC's Python layer.
+# In a CPU-bound ring (8 agents, 1 Gbit, 2 cores) 1 MiB messages were ~7 % faster than
+# 512 KiB, but a mesh agent receiving from 7 peers at once then peaked at ~80 MiB beyond
+# its gradient (72 with 512 KiB), over the 80 MB bound: see `chunk_bytes`.
 CHUNK_BYTES = 512 * 1024
+FEW_PEERS_CHUNK_BYTES = 2**20
+FEW_PEERS = 2
+
+
+def chunk_bytes(schedules) -> int:
+    """Message size for a run of [(Partition, Schedule)]: FEW_PEERS_CHUNK_BYTES when no rank
+    receives from more than FEW_PEERS ranks in one step (ring, halving-doubling, trees), else
+    CHUNK_BYTES."""
+    for _, schedule in schedules:
+        for step in schedule.steps:
+            sources: dict[int, set[int]] = {}
+            for transfer in step:
+                sources.setdefault(transfer.dst, set()).add(transfer.src)
+            if any(len(peers) > FEW_PEERS for peers in sources.values()):
+                return CHUNK_BYTES
+    return FEW_PEERS_CHUNK_BYTES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import grpc
 
-from orchestrator.agent.plan import CHUNK_BYTES, build_rank_plans
+from orchestrator.agent.plan import build_rank_plans, chunk_bytes as default_chunk_bytes
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.collectives import registry
@@ -105,13 +105,15 @@ def run(
     ctx: Context | None = None,
     partition_bytes: int | None = None,
     credit_bytes: int = 0,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     timeout: float = 600.0,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
     `workloads` is one workload for all workers or one per worker (real workloads carry
     each worker's data shard). Endpoints with role "ps" are parameter servers.
+    `chunk_bytes`: bytes per streamed message (default: by the schedule's fan-in, see
+    `plan.chunk_bytes`).
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -122,6 +124,7 @@ def run(
     if ranks != len(endpoints):
         raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
     plans = build_rank_plans(schedules, ranks)
+    chunk_bytes = chunk_bytes or default_chunk_bytes(schedules)
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)

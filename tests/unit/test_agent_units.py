@@ -185,3 +185,13 @@ def test_tuned_malloc_serves_message_sized_buffers_without_faulting_pages_in():
     tuned = int(_agent_process(measure.format(tune="server._tune_malloc()"), {}))
     assert default > 200 * 4 * 128
     assert tuned < default / 20
+
+
+@pytest.mark.parametrize("algorithm, workers, expected", [
+    ("ring", 8, plan_format.FEW_PEERS_CHUNK_BYTES), ("halving-doubling", 7, plan_format.FEW_PEERS_CHUNK_BYTES),
+    ("tree", 5, plan_format.FEW_PEERS_CHUNK_BYTES), ("mesh", 4, plan_format.CHUNK_BYTES),
+    ("mesh", 3, plan_format.FEW_PEERS_CHUNK_BYTES),  # two peers each
+])
+def test_message_size_shrinks_when_a_rank_receives_from_many_peers_at_once(algorithm, workers, expected):
+    schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], 2_000 * 4))
+    assert plan_format.chunk_bytes(schedules) == expected
