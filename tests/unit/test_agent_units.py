@@ -195,3 +195,57 @@ def test_tuned_malloc_serves_message_sized_buffers_without_faulting_pages_in():
 def test_message_size_shrinks_when_a_rank_receives_from_many_peers_at_once(algorithm, workers, expected):
     schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], 2_000 * 4))
     assert plan_format.chunk_bytes(schedules) == expected
+
+
+class _EndedCall:
+    """A Data.Push call the receiver ended after `accepts` chunks with `ack` (a fake of
+    grpc.aio's StreamUnaryCall: write, done_writing, await)."""
+
+    def __init__(self, accepts: int, ack: pb.Ack) -> None:
+        self.accepts, self.ack, self.written = accepts, ack, 0
+
+    async def write(self, message: bytes) -> None:
+        if self.written == self.accepts:
+            raise RuntimeError("the call is over")  # what grpc.aio raises is not the reason
+        self.written += 1
+
+    async def done_writing(self) -> None:
+        pass
+
+    def __await__(self):
+        yield from []
+        return self.ack
+
+
+def _engine_sending_to(call: _EndedCall):
+    from orchestrator.agent.engine import Engine
+
+    engine = Engine("run", 0, [], np.arange(10, dtype=np.float32), {1: {"node": "h1", "address": "-", "by_nic": {}}},
+                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None)
+    engine._push = lambda send: (lambda: call)
+    engine.iteration = 0
+    return engine
+
+
+def test_a_receiver_that_ends_a_stream_early_is_named_with_its_reason():
+    import asyncio
+
+    call = _EndedCall(1, pb.Ack(ok=False, error="ValueError: chunk for finished iteration 3"))
+    engine = _engine_sending_to(call)
+    with pytest.raises(RuntimeError, match=r"^sending to rank 1 \(h1\): ValueError: chunk for finished iteration 3$"):
+        asyncio.run(engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1)))
+    assert call.written == 1
+
+
+def test_a_refusal_at_the_end_of_a_stream_fails_the_allreduce_naming_the_peer():
+    import asyncio
+
+    engine = _engine_sending_to(_EndedCall(99, pb.Ack(ok=False, error="ValueError: chunk carries 3 elements")))
+
+    async def send_then_collect():
+        await engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1))
+        await engine._finish_streams(0)
+        await engine._acknowledged()
+
+    with pytest.raises(RuntimeError, match=r"^rank 1 \(h1\) refused a transfer: ValueError: chunk carries 3"):
+        asyncio.run(send_then_collect())
