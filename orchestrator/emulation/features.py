@@ -56,7 +56,7 @@ def _rxe_serves_namespace(ns: str, netdev: str) -> bool:
     """
     if shutil.which("rdma") is None:
         return False
-    enter = ["nsenter", f"--net={kernel.netns_path(ns)}", "rdma", "link"]
+    enter = [*kernel.in_netns(ns), "rdma", "link"]
     device = f"tbprobe{os.getpid()}"
     if subprocess.run([*enter, "add", device, "type", "rxe", "netdev", netdev], capture_output=True).returncode:
         return False

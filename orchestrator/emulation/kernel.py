@@ -71,6 +71,11 @@ def netns_path(name: str) -> Path:
     return NETNS_DIR / name
 
 
+def in_netns(name: str) -> list[str]:
+    """argv prefix that runs a command in named network namespace `name`."""
+    return ["nsenter", f"--net={netns_path(name)}", "--"]
+
+
 def _claim_netns_path(name: str) -> Path:
     """Create the file a namespace is bind-mounted on; a namespace of that name must not exist."""
     path = netns_path(name)

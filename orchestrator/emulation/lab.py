@@ -152,7 +152,7 @@ class Lab:
             if pid is None:
                 raise EmulationError(f"container of {node} is not running")
             return ["nsenter", "-t", str(pid), "-n", "-u", "--"]
-        return ["nsenter", f"--net={kernel.netns_path(self.namespace(node))}", "--"]
+        return kernel.in_netns(self.namespace(node))
 
     def popen(self, node: str, command: str | Sequence[str], **kwargs) -> subprocess.Popen:
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)

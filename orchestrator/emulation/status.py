@@ -88,7 +88,7 @@ def rxe_devices(lab) -> list[dict]:
         if ns not in live:
             continue
         result = subprocess.run(
-            ["nsenter", f"--net={kernel.netns_path(ns)}", "rdma", "-j", "link", "show"],
+            [*kernel.in_netns(ns), "rdma", "-j", "link", "show"],
             capture_output=True, text=True,
         )
         if result.returncode != 0:

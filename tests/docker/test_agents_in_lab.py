@@ -7,20 +7,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.collectives.context import Context
-from orchestrator.emulation import kernel
 from orchestrator.runner import driver, lab_agents, workloads
+from tests.netns.probes import tx_bytes
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
 
 def _nic_bytes(lab) -> dict[str, dict[str, int]]:
     """server → interface → bytes sent."""
-    out = {}
-    with kernel.Netlink() as nl:
-        for server in lab.topology.servers:
-            links = kernel.links_in(nl, lab.namespace(server.name))
-            out[server.name] = {name: info["tx_bytes"] for name, info in links.items() if name != "lo"}
-    return out
+    return tx_bytes(lab, [server.name for server in lab.topology.servers])
 
 
 def _delta(before, after):

@@ -6,7 +6,14 @@ import json
 import re
 import time
 
-from orchestrator.emulation import Lab
+from orchestrator.emulation import Lab, kernel
+
+
+def tx_bytes(lab: Lab, nodes: list[str]) -> dict[str, dict[str, int]]:
+    """node → interface → bytes it has sent (loopback left out), read over netlink."""
+    with kernel.Netlink() as nl:
+        return {node: {name: info["tx_bytes"] for name, info in kernel.links_in(nl, lab.namespace(node)).items()
+                       if name != "lo"} for node in nodes}
 
 
 def unreachable_pairs(lab: Lab, sources: list[str] | None = None, via: str = "data") -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from orchestrator.emulation import Lab, cleanup, features, kernel
 from orchestrator.emulation.journal import LabState
 from orchestrator.errors import LabExists, MissingFeature, NodeNotFound
 from orchestrator.spec import lab_from_argument
-from tests.netns.probes import iperf3_mbit, l3_hops, traced_hops, unreachable_pairs
+from tests.netns.probes import iperf3_mbit, l3_hops, traced_hops, tx_bytes, unreachable_pairs
 
 READY = sorted(Path(__file__).resolve().parents[2].joinpath("topologies").glob("*.yaml"))
 
@@ -88,11 +88,10 @@ def _send_udp_flows(lab, src: str, dst: str, ports: list[int], packets: int = 20
 
 
 def _uplink_tx(lab, edge: str) -> dict[str, int]:
-    with kernel.Netlink() as nl:
-        links = kernel.links_in(nl, lab.namespace(edge))
+    links = tx_bytes(lab, [edge])[edge]
     aggs = {l.other(edge).node: l.a.interface if l.a.node == edge else l.b.interface
             for l in lab.topology.links_of(edge) if l.other(edge).node.startswith(edge[:2] + "a")}
-    return {agg: links[ifname]["tx_bytes"] for agg, ifname in aggs.items()}
+    return {agg: links[ifname] for agg, ifname in aggs.items()}
 
 
 def test_ecmp_spreads_flows_and_keeps_each_flow_on_one_uplink(make_lab):
