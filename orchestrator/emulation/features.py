@@ -86,6 +86,15 @@ def _module(name: str) -> bool:
     return Path(f"/sys/module/{name}").exists()
 
 
+def available_tcp_congestion() -> list[str]:
+    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+
+
+def tcp_congestion_available(name: str) -> bool:
+    """Registered, or its module (tcp_<name>) loads now."""
+    return name in available_tcp_congestion() or (_module(f"tcp_{name}") and name in available_tcp_congestion())
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -109,6 +118,13 @@ def require(spec) -> None:
             f"lab {spec.name} asks for links {asked}, which needs sch_netem; this kernel "
             f"({release}) lacks it: set delay, jitter and loss to 0, or run on a kernel with "
             "sch_netem (the vm test tier and the Vagrantfile have one)"
+        )
+    congestion = spec.servers.tcp_congestion
+    if not tcp_congestion_available(congestion):
+        raise MissingFeature(
+            f"servers.tcp_congestion: {congestion!r} is not available in this kernel ({release}; "
+            f"it has {' '.join(available_tcp_congestion())}): choose one of those, or load its "
+            f"module (modprobe tcp_{congestion})"
         )
     if spec.rdma == "softroce" and not features["rdma_rxe"]:
         raise MissingFeature(

@@ -367,12 +367,30 @@ def enslave(nl: Netlink, ns: str | None, ifname: str, bridge: str, isolated: boo
         _netlink(f"isolate {ifname}", lambda: nl[ns].brport("set", index=index, isolated=1))
 
 
-def add_address(nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface) -> None:
+def add_address(
+    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, congestion: str | None = None
+) -> None:
     index = nl.index(ns, ifname)
     _netlink(
         f"address {address} on {ifname}",
         lambda: nl[ns].addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen),
     )
+    if congestion:
+        set_connected_congestion(nl, ns, ifname, address, congestion)
+
+
+def set_connected_congestion(
+    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, congestion: str
+) -> None:
+    """(Re)write the route the kernel makes for `address`'s subnet with a TCP congestion
+    control: a route's `congctl` chooses it for connections over that route. A namespace's
+    own default can only be one its kernel allows unprivileged sockets, a route's any."""
+    index = nl.index(ns, ifname)
+    request = {
+        "dst": str(address.network), "oif": index, "prefsrc": str(address.ip), "scope": 253, "proto": 2,
+        "metrics": {"cc_algo": congestion},
+    }
+    _netlink(f"route {address.network} congctl {congestion} in {ns}", lambda: nl[ns].route("replace", **request))
 
 
 def add_route(
@@ -381,9 +399,11 @@ def add_route(
     prefix: ipaddress.IPv4Network,
     nexthops: Sequence[tuple[str, ipaddress.IPv4Address | None]],
     replace: bool = False,
+    congestion: str | None = None,
 ) -> None:
     """A static route; several (dev, via) pairs make an ECMP group. `replace` overwrites
-    (and restores) an existing route, e.g. after its interface was down."""
+    (and restores) an existing route, e.g. after its interface was down. `congestion`: the
+    TCP congestion control of connections over it."""
     def hop(dev: str, via) -> dict:
         spec = {"oif": nl.index(ns, dev)}
         if via is not None:
@@ -394,6 +414,8 @@ def add_route(
         request = {"dst": str(prefix), **hop(*nexthops[0])}
     else:
         request = {"dst": str(prefix), "multipath": [hop(d, v) for d, v in nexthops]}
+    if congestion:
+        request["metrics"] = {"cc_algo": congestion}
     command = "replace" if replace else "add"
     _netlink(f"route {prefix} in {ns}", lambda: nl[ns].route(command, **request))
 

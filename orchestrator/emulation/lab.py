@@ -189,12 +189,21 @@ class Lab:
     def _reinstall_routes(self, nl: kernel.Netlink, node: str) -> None:
         """Put back a node's routes, each with the next hops whose interface is up (the
         rest return when their own link does)."""
-        ns = self.plan.namespaces[node]
+        ns, congestion = self.plan.namespaces[node], self.congestion(node)
         up = {name for name, info in kernel.links_in(nl, ns).items() if info["up"]}
+        if congestion:  # the kernel remade the subnet routes of interfaces that came up, plainly
+            for iface in self.topology.nodes[node].interfaces.values():
+                if iface.address is not None and iface.name in up:
+                    kernel.set_connected_congestion(nl, ns, iface.name, iface.address, congestion)
         for route in self.topology.routes_of(node):
             hops = [(h.dev, h.via) for h in route.nexthops if h.dev in up]
             if hops:
-                kernel.add_route(nl, ns, route.prefix, hops, replace=True)
+                kernel.add_route(nl, ns, route.prefix, hops, replace=True, congestion=congestion)
+
+    def congestion(self, node: str) -> str | None:
+        """The TCP congestion control a node's data routes carry: servers' only (switches
+        and routers forward, they do not end connections)."""
+        return self.spec.servers.tcp_congestion if self.topology.nodes[node].is_server else None
 
     def status(self) -> dict:
         from orchestrator.emulation.status import lab_status
@@ -303,17 +312,18 @@ class _Builder:
 
         def configure(nl: kernel.Netlink, name: str) -> None:
             node, space = self.topology.nodes[name], ns[name]
+            congestion = self.lab.congestion(name)
             if BRIDGE in node.interfaces:
                 kernel.add_bridge(nl, space, BRIDGE)
             for iface in node.interfaces.values():
                 if iface.master:
                     kernel.enslave(nl, space, iface.name, iface.master)
                 if iface.address is not None:
-                    kernel.add_address(nl, space, iface.name, iface.address)
+                    kernel.add_address(nl, space, iface.name, iface.address, congestion)
             for ifname in ends.get(name, []):
                 kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
             for route in self.topology.routes_of(name):
-                kernel.add_route(nl, space, route.prefix, [(h.dev, h.via) for h in route.nexthops])
+                kernel.add_route(nl, space, route.prefix, [(h.dev, h.via) for h in route.nexthops], congestion=congestion)
 
         kernel.in_workers(
             list(self.topology.nodes), configure, lambda done, total: self.progress("configuring nodes", done, total)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,6 +179,35 @@ def test_lab_needing_a_missing_kernel_feature_is_refused_before_building(asked, 
     assert "\n" not in message and ("sch_netem" in message or "rdma_rxe" in message)
     assert not LabState("refused").exists()
     assert kernel.list_namespaces("testbed-refused-") == []
+
+
+def test_unavailable_tcp_congestion_control_is_refused_before_building():
+    spec = lab_from_argument("star,2", name="refused", **{"servers.runtime": "netns", "servers.tcp_congestion": "nosuchcc"})
+    with pytest.raises(MissingFeature, match=r"^servers\.tcp_congestion: 'nosuchcc' is not available") as raised:
+        Lab.up(spec)
+    assert "\n" not in str(raised.value)
+    assert not LabState("refused").exists()
+    assert kernel.list_namespaces("testbed-refused-") == []
+
+
+@pytest.mark.parametrize("congestion", [None, "reno"])
+def test_servers_connections_use_the_labs_tcp_congestion_control_after_a_link_flap_too(make_lab, congestion):
+    overrides = {"servers.runtime": "netns"} | ({"servers.tcp_congestion": congestion} if congestion else {})
+    lab = make_lab("bcube,2,1", **overrides)
+    expected = congestion or "cubic"  # pinned by default, whatever the host's default is
+    lab.set_link("h00", "l0s0", False)
+    lab.set_link("h00", "l0s0", True)
+    for target in ("h01", "h11"):  # a neighbour on a link's subnet, and one through a relaying server
+        address = str(lab.topology.address_of(target))
+        listener = lab.popen(target, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1)
+        time.sleep(0.5)
+        client = lab.popen("h00", ["iperf3", "-c", address, "-t", "3"], stdout=-1, stderr=-1)
+        time.sleep(1.5)
+        sockets = lab.exec("h00", ["ss", "-tin", "dst", address]).stdout
+        client.wait(timeout=30)
+        listener.wait(timeout=30)
+        algorithms = set(re.findall(r"^\s+(cubic|reno|bbr|dctcp|htcp|vegas)\b", sockets, re.M))
+        assert algorithms == {expected}, sockets
 
 
 def test_cli_up_status_exec_down(tmp_path):

@@ -70,6 +70,7 @@ def test_minimal_file_gets_documented_defaults(tmp_path):
     assert lab.servers.image == "testbed/server:latest"
     assert lab.servers.cpus is None
     assert lab.servers.memory is None
+    assert lab.servers.tcp_congestion == "cubic"
     assert lab.rdma == "none"
     assert lab.management.subnet == "auto"
     assert lab.addressing.data == ipaddress.IPv4Network("10.0.0.0/8")
@@ -192,6 +193,7 @@ BAD = [
      ["unknown", "did you mean 'links'"]),
     ("unknown-links-key", with_(links={"bandwith": "1Gbit"}), "links.bandwith",
      ["unknown", "did you mean 'bandwidth'"]),
+    ("tcp-congestion-not-a-name", with_(servers={"tcp_congestion": "cubic; rm"}), "servers.tcp_congestion", []),
     ("unknown-servers-key", with_(servers={"runtme": "docker"}), "servers.runtme",
      ["unknown", "did you mean 'runtime'"]),
     ("unknown-topology-key", with_(topology={"kind": "bcube", "n": 4, "k": 1, "m": 3}),
