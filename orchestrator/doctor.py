@@ -61,6 +61,7 @@ def run_checks() -> list[Check]:
     else:
         checks.append(Check("kernel", False, "cannot probe kernel features without root", "run as root"))
 
+    checks.append(_tcp_congestion())
     checks.append(_docker_firewall())
     for tool in ("prometheus", "promtool", "debootstrap"):
         path = shutil.which(tool)
@@ -75,6 +76,21 @@ def run_checks() -> list[Check]:
         )
     )
     return checks
+
+
+def _tcp_congestion() -> Check:
+    """Labs pin their servers' congestion control (servers.tcp_congestion, default cubic)."""
+    from orchestrator.emulation import features
+    from orchestrator.spec.lab import ServersSpec
+
+    default = ServersSpec().tcp_congestion
+    available = features.available_tcp_congestion()
+    host = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    return Check(
+        "tcp congestion", default in available,
+        f"labs use {default} (servers.tcp_congestion); host default {host}; available {' '.join(available)}",
+        f"modprobe tcp_{default}, or set servers.tcp_congestion to one of those",
+    )
 
 
 def _docker_firewall() -> Check:

@@ -279,3 +279,15 @@ def test_unparseable_input_message_says_what_is_accepted(parser):
     message = str(caught.value)
     assert "'fast'" in message
     assert "e.g." in message
+
+
+def test_doctor_says_which_tcp_congestion_control_labs_use_and_what_the_host_has():
+    from pathlib import Path
+
+    from orchestrator import doctor
+
+    check = doctor._tcp_congestion()
+    host = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert check.name == "tcp congestion" and "\n" not in check.detail
+    assert check.detail.startswith("labs use cubic (servers.tcp_congestion)") and f"host default {host}" in check.detail
+    assert check.ok == ("cubic" in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
