@@ -14,6 +14,8 @@
 3. memory: agents' peak RSS beyond their gradient buffer. Goal: ≤ 80 MB.
 4. with --scaling: the same 1 Gbit ring on 2 and 4 servers as well, i.e. with more CPU per
    agent; shows how much of the 8-server figure the machine's core count takes.
+5. with --algorithms mesh,ps,...: those algorithms on the same star at both rates, for their
+   busbw (same formula) and memory (ps: shards colocated on the servers).
 Agents run in bare namespaces (netns runtime) from this venv. Prints a table and JSON.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.runner import driver, lab_agents, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
@@ -79,9 +82,11 @@ def iperf3_ring(lab, servers: int, seconds: int = 5) -> dict:
     return {"mbit_per_flow": round(statistics.median(rates), 1), "cpu_busy": busy}
 
 
-def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0) -> dict:
-    """The ring's busbw; with `partition_mbytes`, pipelined: ByteScheduler partitions of that
-    size, two in flight (credit window), so one partition's steps overlap the next's."""
+def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0,
+               algorithm: str = "ring") -> dict:
+    """The ring's (or `algorithm`'s) busbw; with `partition_mbytes`, pipelined: ByteScheduler
+    partitions of that size, two in flight (credit window), so one partition's steps overlap
+    the next's."""
     spec = lab_from_argument(f"star,{servers}", name="bench-ring", **{"servers.runtime": "netns", "links.bandwidth": rate})
     with Lab.up(spec) as lab:
         baseline = iperf3_ring(lab, servers)
@@ -91,8 +96,9 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
             before = cpu_counters()
             pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
                 if partition_mbytes else {}
-            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations,
-                                **pipelining)
+            ctx = Context(servers, options={"colocated": True}) if algorithm == "ps" else None
+            result = driver.run(endpoints, algorithm, [elements], workloads.emulated([elements]), iterations=iterations,
+                                ctx=ctx, **pipelining)
             busy = cpu_busy(before, cpu_counters())
             gst = statistics.median(result.gst()[1:] if iterations > 1 else result.gst())
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
@@ -101,7 +107,7 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
     link = spec.links.bandwidth
     algbw = elements * 4 * 8 / gst
     busbw = algbw * 2 * (servers - 1) / servers
-    return {"servers": servers, "mbytes": mbytes, "link": rate, "partition_mbytes": partition_mbytes, "gst_s": round(gst, 3),
+    return {"algorithm": algorithm, "servers": servers, "mbytes": mbytes, "link": rate, "partition_mbytes": partition_mbytes, "gst_s": round(gst, 3),
             "algbw_gbit": round(algbw / 1e9, 3), "busbw_gbit": round(busbw / 1e9, 3),
             "ratio_to_link": round(busbw / link, 3), "goal": 0.9, "agents_cpu_busy": busy,
             "iperf3_ring_mbit_per_flow": baseline["mbit_per_flow"], "iperf3_ring_cpu_busy": baseline["cpu_busy"],
@@ -117,6 +123,7 @@ def main() -> None:
     parser.add_argument("--slow-rate", default="200Mbit", help="a link rate where CPU is not the bound")
     parser.add_argument("--scaling", action="store_true", help="also run the 1 Gbit ring on 2 and 4 servers")
     parser.add_argument("--partition-mbytes", type=int, default=8, help="partition size of the pipelined ring")
+    parser.add_argument("--algorithms", default="", help="comma-separated others to run too, e.g. mesh,ps")
     args = parser.parse_args()
     one = goodput(args.mbytes, args.iterations)
     rings = [ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition)
@@ -133,9 +140,15 @@ def main() -> None:
     for ring in scaling:
         print(f"scaling   {ring['servers']} servers at 1Gbit: busbw ratio to link {ring['ratio_to_link']}, "
               f"agents at {ring['agents_cpu_busy']:.0%} CPU")
-    memory = max([one["rss_beyond_buffer_mib"]] + [r["rss_beyond_buffer_mib"] for r in rings])
+    others = [ring_busbw(args.servers, args.mbytes, args.iterations, rate, algorithm=name)
+              for name in filter(None, args.algorithms.split(",")) for rate in ("1Gbit", args.slow_rate)]
+    for other in others:
+        print(f"{other['algorithm']:<9} {other['servers']} servers, {other['link']} links: busbw ratio to link "
+              f"{other['ratio_to_link']}, agents at {other['agents_cpu_busy']:.0%} CPU, "
+              f"RSS beyond buffer {other['rss_beyond_buffer_mib']} MiB")
+    memory = max([one["rss_beyond_buffer_mib"]] + [r["rss_beyond_buffer_mib"] for r in rings + scaling + others])
     print(f"memory    agent RSS beyond buffers: {memory} MiB (goal <= 80 MB = 76.3 MiB)")
-    print(json.dumps({"goodput": one, "ring": rings, "scaling": scaling}))
+    print(json.dumps({"goodput": one, "ring": rings, "scaling": scaling, "others": others}))
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ class Engine:
         """Write one transfer's chunks into the partition's call to the peer (opened on first
         use); done when written — the range has been copied out of the buffer by then."""
         call, lock = self._stream(partition, send)
-        async with lock:  # two sends of one step may share the call
+        async with lock:  # with SENDS_PER_NIC > 1, two sends of one step could share the call
             for start in range(send.offset, send.offset + send.count, self.chunk_elements):
                 count = min(self.chunk_elements, send.offset + send.count - start)
                 head = pb.Chunk(
