@@ -336,9 +336,32 @@ def decode_chunk(raw: bytes) -> tuple[pb.Chunk, memoryview]:
     return pb.Chunk.FromString(b"".join(header)), payload
 
 
+def _padded_varint(value: int, width: int) -> bytes:
+    """`value` as a varint of exactly `width` bytes (≤ 5: continuation bytes carrying
+    zeros, a valid encoding that protobuf's parsers accept up to 32 bits)."""
+    out = bytearray(_varint(value))
+    if len(out) > width:
+        raise ValueError(f"{value} does not fit a {width}-byte varint")
+    out[-1] |= 0x80
+    out += b"\x80" * (width - len(out) - 1) + b"\x00"
+    return bytes(out)
+
+
+_COPY_KEY = b"\x40"  # field 8 (`copy`), wire type 0 (varint)
+PAYLOAD_OFFSET = 8  # where an encoded chunk's payload starts: 8-byte aligned, as the message is
+
+
 def encode_chunk(head: pb.Chunk, data: np.ndarray) -> bytes:
     """The protobuf encoding of `head` with `data` as its `data` field, built with a single
     copy out of the buffer (a Chunk built and serialised by protobuf copies twice; at
-    several Gbit/s through 2 cores that matters). Receivers parse it as a plain Chunk."""
+    several Gbit/s through 2 cores that matters). Receivers parse it as a plain Chunk.
+
+    The payload starts at byte 8: `copy` (2 bytes), then `data`'s key and its length as a
+    5-byte varint, then the payload, then the other fields. A received message is a fresh
+    bytes object whose data is 8-byte aligned, so the payload is too, and numpy adds it
+    without first copying it into aligned buffers (it did, for ~4 % of the agents' copying
+    in a ring)."""
     view = memoryview(np.ascontiguousarray(data)).cast("B")
-    return b"".join((head.SerializeToString(), _DATA_KEY, _varint(view.nbytes), view))
+    # `copy` may come again in the other fields, with the same value (the last one counts)
+    return b"".join((_COPY_KEY, b"\x01" if head.copy else b"\x00", _DATA_KEY, _padded_varint(view.nbytes, 5), view,
+                     head.SerializeToString()))
