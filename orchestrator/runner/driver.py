@@ -58,6 +58,20 @@ class RunResult:
         iterations = min(len(r.records) for r in agents)
         return [max(r.records[i].gst_seconds for r in agents) for i in range(iterations)]
 
+    def collective_time(self) -> list[float]:
+        """Per iteration, from the moment the last agent entered the allreduce to the moment
+        the last one left it: the collective's own time, as NCCL-tests times back-to-back
+        operations. GST also holds the wait for agents still busy with other work (computing,
+        checking the previous result); the two differ by that skew. All agents of a lab share
+        one machine's clock, which this needs."""
+        agents = [r for r in self.results if r.records]
+        iterations = min(len(r.records) for r in agents)
+        times = []
+        for i in range(iterations):
+            records = [r.records[i] for r in agents]
+            times.append(max(x.start_time + x.gst_seconds for x in records) - max(x.start_time for x in records))
+        return times
+
     def records(self) -> list[dict]:
         return [
             {"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,

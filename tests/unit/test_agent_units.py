@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import plan as plan_format
-from orchestrator.agent.engine import decode_chunk, encode_chunk
+from orchestrator.agent.engine import PAYLOAD_OFFSET, decode_chunk, encode_chunk
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.workload import DigitsMLP, check_sum, emulated_gradient
 from orchestrator.collectives import registry
@@ -25,6 +25,9 @@ def test_encoded_chunk_is_a_protobuf_chunk(n, step, copy):
     data = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     head = pb.Chunk(run_id="run", iteration=2, partition=3, step=step, src=1, offset=10, count=n, copy=copy)
     encoded = encode_chunk(head, data)
+    # the payload sits 8-byte aligned in the message, so numpy adds it without copying it first
+    assert encoded[PAYLOAD_OFFSET : PAYLOAD_OFFSET + data.nbytes] == data.tobytes()
+    assert np.frombuffer(decode_chunk(encoded)[1], np.float32).flags.aligned
     parsed = pb.Chunk.FromString(encoded)
     assert (parsed.step, parsed.count, parsed.copy, parsed.offset) == (step, n, copy, 10)
     assert np.array_equal(np.frombuffer(parsed.data, np.float32), data)
@@ -249,3 +252,17 @@ def test_a_refusal_at_the_end_of_a_stream_fails_the_allreduce_naming_the_peer():
 
     with pytest.raises(RuntimeError, match=r"^rank 1 \(h1\) refused a transfer: ValueError: chunk carries 3"):
         asyncio.run(send_then_collect())
+
+
+def test_collective_time_runs_from_the_last_entry_to_the_last_exit():
+    from orchestrator.runner.driver import RunResult
+
+    def agent(rank, *iterations):
+        records = [pb.IterationRecord(iteration=i, start_time=start, gst_seconds=gst) for i, (start, gst) in enumerate(iterations)]
+        return pb.RunResults(rank=rank, records=records)
+
+    # iteration 0: rank 1 enters 0.3 s late and everyone leaves at 1.0; iteration 1: rank 0 leaves last
+    result = RunResult("r", "ring", [agent(0, (0.0, 1.0), (2.0, 1.5)), agent(1, (0.3, 0.7), (2.1, 1.0)),
+                                     pb.RunResults(rank=2)], 8, 4.0)  # a rank without records is left out
+    assert result.gst() == [1.0, 1.5]
+    assert result.collective_time() == pytest.approx([0.7, 1.4])
