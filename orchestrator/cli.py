@@ -206,7 +206,7 @@ def list_labs(as_json: bool = typer.Option(False, "--json")) -> None:
 
 @app.command()
 def status(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
-    """Nodes, links (state and rate) and soft-RoCE devices of a live lab."""
+    """Nodes, links (state, rate and MTU) and soft-RoCE devices of a live lab."""
     from orchestrator.emulation import Lab
     from orchestrator.units import format_rate
 
@@ -222,10 +222,11 @@ def status(name: str = typer.Argument(...), as_json: bool = typer.Option(False, 
         f"{up_links}/{len(report['links'])} up; management {report['management']['subnet']}",
         highlight=False,
     )
-    table = Table("link", "state", "rate", "tx bytes", "rx bytes")
+    table = Table("link", "state", "rate", "mtu", "tx bytes", "rx bytes")
     for link in report["links"]:
         rate = format_rate(link["rate_bps"]) if link["rate_bps"] else "-"
-        table.add_row(f"{link['a']} – {link['b']}", link["state"], rate, str(link["tx_bytes"]), str(link["rx_bytes"]))
+        table.add_row(f"{link['a']} – {link['b']}", link["state"], rate, str(link["mtu"] or "-"), str(link["tx_bytes"]),
+                      str(link["rx_bytes"]))
     out.print(table)
     if report["rxe"]:
         for device in report["rxe"]:

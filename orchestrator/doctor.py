@@ -51,6 +51,8 @@ def run_checks() -> list[Check]:
             "serves every network namespace (Debian 12's 6.1/6.12 serve only the initial one; "
             "trixie-backports' kernel does)",
             "openvswitch": "only needed for OVS switches",
+            "big_tcp": "optional (Linux 6.3+): labs' veths then carry 256 KiB IPv4 super-packets, "
+            "which cuts the kernel's per-packet CPU",
         }
         for feature in (*features.KERNEL_FEATURES, "rdma_rxe_netns"):
             required = feature in ("veth", "bridge", "htb")

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator.emulation import kernel
 from orchestrator.errors import EmulationError, HostError, MissingFeature
 
-KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "rdma_rxe", "openvswitch")
+KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "big_tcp", "rdma_rxe", "openvswitch")
 
 
 @functools.cache
@@ -34,6 +34,7 @@ def kernel_features() -> dict[str, bool]:
         with kernel.Netlink() as nl:
             found["veth"] = _try(lambda: kernel.add_veth(nl, probe, "p0", probe, "p1", 10))
             found["bridge"] = _try(lambda: kernel.add_bridge(nl, probe, "pbr"))
+            found["big_tcp"] = _big_tcp(nl, probe)
             if found["veth"]:
                 found["htb"] = _try(lambda: kernel.shape(nl, probe, "p0", 10**8, 10))
                 found["netem"] = _try(lambda: kernel.shape(nl, probe, "p1", 10**8, 10, delay_s=0.001))
@@ -66,6 +67,15 @@ def _rxe_serves_namespace(ns: str, netdev: str) -> bool:
         subprocess.run([*enter, "delete", device], capture_output=True)
     local = (line.split()[1] for line in udp.splitlines()[1:] if line.strip())
     return any(address.endswith(f":{ROCE_V2_PORT:04X}") for address in local)
+
+
+def _big_tcp(nl: kernel.Netlink, ns: str) -> bool:
+    """Do veths take IPv4 super-packets of BIG_GSO_BYTES (Linux 6.3)? An older kernel
+    ignores the attribute, or refuses the size."""
+    if not _try(lambda: kernel.add_veth(nl, ns, "g0", ns, "g1", 10, gso_bytes=kernel.BIG_GSO_BYTES)):
+        return False
+    ends = kernel.links_in(nl, ns)
+    return ends["g0"]["gso_ipv4_bytes"] == ends["g1"]["gso_ipv4_bytes"] == kernel.BIG_GSO_BYTES
 
 
 def _try(action) -> bool:

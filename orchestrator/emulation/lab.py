@@ -293,10 +293,12 @@ class _Builder:
 
     def links(self) -> None:
         """Every veth pair, created straight inside its two namespaces, both ends up."""
-        ns, queue = self.plan.namespaces, self.spec.links.queue
+        ns, queue, mtu = self.plan.namespaces, self.spec.links.queue, self.spec.links.mtu
+        gso = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else None
 
         def make(nl: kernel.Netlink, link) -> None:
-            kernel.add_veth(nl, ns[link.a.node], link.a.interface, ns[link.b.node], link.b.interface, queue)
+            kernel.add_veth(nl, ns[link.a.node], link.a.interface, ns[link.b.node], link.b.interface, queue,
+                            mtu=mtu, gso_bytes=gso)
             kernel.set_up(nl, ns[link.b.node], link.b.interface)
 
         kernel.in_workers(self.topology.links, make, lambda done, total: self.progress("links", done, total))

@@ -57,6 +57,7 @@ def lab_status(lab) -> dict:
                 "b": link.b.node, "b_interface": link.b.interface,
                 "state": "up" if up else "down",
                 "rate_bps": rate,
+                "mtu": ends[0]["mtu"] if ends[0] else None,
                 "tx_bytes": ends[0]["tx_bytes"] if ends[0] else None,
                 "rx_bytes": ends[0]["rx_bytes"] if ends[0] else None,
             }

@@ -4,7 +4,7 @@ Only `name` and `topology` are required:
 
     name: bcube-4-1
     topology: {kind: bcube, n: 4, k: 1}          # Guo et al. notation: n^(k+1) servers
-    links: {bandwidth: 100Mbit, delay: 0ms, jitter: 0ms, loss: 0, queue: 1000}
+    links: {bandwidth: 100Mbit, delay: 0ms, jitter: 0ms, loss: 0, queue: 1000, mtu: 1500}
     servers: {runtime: docker, image: testbed/server:latest, cpus: 0.5, memory: 512M, tcp_congestion: cubic}
     rdma: none                                   # or softroce
     management: {subnet: auto}                   # out-of-band network, e.g. 198.18.5.0/24
@@ -135,6 +135,7 @@ class LinksSpec(_Strict):
     jitter: Seconds = 0.0
     loss: Percent = 0.0
     queue: int = Field(strict=True, default=1000, ge=1, le=1_000_000, description="packets")
+    mtu: int = Field(strict=True, default=1500, ge=576, le=65535, description="bytes; 9000 for jumbo frames")
 
     @property
     def needs_netem(self) -> bool:

@@ -190,6 +190,42 @@ def test_unavailable_tcp_congestion_control_is_refused_before_building():
     assert kernel.list_namespaces("testbed-refused-") == []
 
 
+def _df_ping_passes(lab, src: str, dst: str, payload: int) -> bool:
+    """One ping with `payload` bytes (+28 of headers) that must not be fragmented."""
+    address = str(lab.topology.address_of(dst))
+    return lab.exec(src, ["ping", "-M", "do", "-c", "1", "-W", "2", "-s", str(payload), address]).returncode == 0
+
+
+@pytest.mark.parametrize(("shorthand", "mtu"), [("fattree,4", 9000), ("bcube,2,1", 4200), ("star,3", None)])
+def test_links_carry_the_labs_mtu_end_to_end(make_lab, shorthand, mtu):
+    """Across routers (Fat-Tree), relaying servers and bridges (BCube): a packet of exactly
+    the MTU crosses the farthest path unfragmented, one byte more is refused."""
+    overrides = {"servers.runtime": "netns"} | ({"links.mtu": mtu} if mtu else {})
+    lab = make_lab(shorthand, **overrides)
+    expected = mtu or 1500
+    assert {l["mtu"] for l in lab.status()["links"]} == {expected}
+    servers = [s.name for s in lab.topology.servers]
+    src, dst = servers[0], servers[-1]
+    assert _df_ping_passes(lab, src, dst, expected - 28)
+    assert not _df_ping_passes(lab, src, dst, expected - 27)
+
+
+def test_both_ends_of_every_fabric_link_take_big_tcp_super_packets(make_lab):
+    """Where the kernel has IPv4 BIG TCP, both ends of a link must carry the same limit: an
+    end with a smaller one makes the kernel cut every super-packet up in software (it cost a
+    ring ~20 % of its busbw)."""
+    release = os.uname().release
+    if tuple(int(x) for x in re.findall(r"\d+", release)[:2]) < (6, 3):
+        pytest.skip(f"kernel {release} has no IPv4 BIG TCP (Linux 6.3+)")
+    assert features.kernel_features()["big_tcp"]  # the probe finds it on both ends of a veth
+    lab = make_lab("bcube,2,1", **{"servers.runtime": "netns"})
+    with kernel.Netlink() as nl:
+        ends = {node: kernel.links_in(nl, lab.plan.namespaces[node]) for node in lab.topology.nodes}
+    for link in lab.topology.links:
+        sizes = {ends[e.node][e.interface]["gso_ipv4_bytes"] for e in (link.a, link.b)}
+        assert sizes == {kernel.BIG_GSO_BYTES}, (link, sizes)
+
+
 @pytest.mark.parametrize("congestion", [None, "reno"])
 def test_servers_connections_use_the_labs_tcp_congestion_control_after_a_link_flap_too(make_lab, congestion):
     overrides = {"servers.runtime": "netns"} | ({"servers.tcp_congestion": congestion} if congestion else {})

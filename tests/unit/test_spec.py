@@ -65,6 +65,7 @@ def test_minimal_file_gets_documented_defaults(tmp_path):
     assert lab.links.jitter == 0.0
     assert lab.links.loss == 0.0
     assert lab.links.queue == 1000
+    assert lab.links.mtu == 1500
     assert lab.links.needs_netem is False
     assert lab.servers.runtime == "docker"
     assert lab.servers.image == "testbed/server:latest"
@@ -247,6 +248,9 @@ BAD = [
     ("loss-percent-over", with_(links={"loss": "101%"}), "links.loss", []),
     ("queue-zero", with_(links={"queue": 0}), "links.queue", []),
     ("queue-word", with_(links={"queue": "many"}), "links.queue", []),
+    ("mtu-small", with_(links={"mtu": 100}), "links.mtu", ["576"]),
+    ("mtu-large", with_(links={"mtu": 70000}), "links.mtu", ["65535"]),
+    ("mtu-word", with_(links={"mtu": "jumbo"}), "links.mtu", []),
     ("links-not-mapping", with_(links="fast"), "links", []),
     ("links-null", with_(links=None), "links", []),
     ("runtime", with_(servers={"runtime": "podman"}), "servers.runtime",
@@ -359,6 +363,7 @@ def test_non_finite_and_negative_numbers_name_the_field(data, field):
         pytest.param(with_(topology={"kind": "star", "servers": True}), "topology.servers",
                      id="servers-true"),
         pytest.param(with_(links={"queue": True}), "links.queue", id="queue-true"),
+        pytest.param(with_(links={"mtu": True}), "links.mtu", id="mtu-true"),
     ],
 )
 def test_booleans_are_not_counts(data, field):
