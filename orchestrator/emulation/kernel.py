@@ -245,10 +245,13 @@ def in_workers(
         raise EmulationError(failures[0])
 
 
-def write_sysctls(values: dict[str, str]) -> None:
-    """Write net sysctls in the calling thread's namespace (use inside `in_namespaces`)."""
+def write_sysctls(values: dict[str, str], optional: Iterable[str] = ()) -> None:
+    """Write net sysctls in the calling thread's namespace (use inside `in_namespaces`);
+    those in `optional` only where this kernel has them."""
     for key, value in values.items():
         path = Path("/proc/sys") / key.replace(".", "/")
+        if key in optional and not path.exists():
+            continue
         path.write_text(value)
 
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from orchestrator.emulation import cleanup, docker_engine, features, images, kernel
 from orchestrator.emulation.journal import Entry, LabState, global_lock
-from orchestrator.emulation.plan import MGMT_IF, LabPlan, choose_mgmt_subnet
+from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, LabPlan, choose_mgmt_subnet
 from orchestrator.errors import EmulationError, LabExists, NodeNotFound
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Topology, from_lab
@@ -286,7 +286,7 @@ class _Builder:
 
     def sysctls(self) -> None:
         by_namespace = {self.plan.namespaces[n]: self.plan.sysctls(n) for n in self.topology.nodes}
-        kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns]))
+        kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns], OPTIONAL_SYSCTLS))
         for ns in by_namespace:
             kernel.set_up(self.nl, ns, "lo")
         self.progress("sysctls", 1, 1)

@@ -226,6 +226,21 @@ def test_both_ends_of_every_fabric_link_take_big_tcp_super_packets(make_lab):
         assert sizes == {kernel.BIG_GSO_BYTES}, (link, sizes)
 
 
+def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):
+    """Receive Packet Steering on every CPU, so a veth cannot reorder a flow's packets."""
+    if not Path("/proc/sys/net/core/rps_default_mask").exists():
+        pytest.skip(f"kernel {os.uname().release} has no net.core.rps_default_mask (Linux 6.2+)")
+    lab = make_lab("fattree,4", **{"servers.runtime": "netns"})
+    expected = int("1" * os.cpu_count(), 2)
+    for node in ("p0e0h0", "p0e0", "c0"):  # a server, an edge switch, a core switch
+        for iface in (l.a.interface if l.a.node == node else l.b.interface for l in lab.topology.links_of(node)):
+            # `ip netns exec` mounts the namespace's own /sys (a lab's exec only enters the netns)
+            masks = subprocess.run(["ip", "netns", "exec", lab.plan.namespaces[node], "sh", "-c",
+                                    f"cat /sys/class/net/{iface}/queues/rx-*/rps_cpus"],
+                                   capture_output=True, text=True).stdout.split()
+            assert masks and all(int(m.replace(",", ""), 16) == expected for m in masks), (node, iface, masks)
+
+
 @pytest.mark.parametrize("congestion", [None, "reno"])
 def test_servers_connections_use_the_labs_tcp_congestion_control_after_a_link_flap_too(make_lab, congestion):
     overrides = {"servers.runtime": "netns"} | ({"servers.tcp_congestion": congestion} if congestion else {})
