@@ -49,7 +49,7 @@ def goodput(mbytes: int, iterations: int) -> dict:
             result = driver.run(endpoints, "tree", [elements], workloads.emulated([elements]), iterations=iterations)
             # each iteration moves the buffer once each way, one transfer at a time
             rates = [2 * elements * 4 * 8 / gst / 1e6 for gst in result.gst()]
-            agent = statistics.median(rates[1:] if len(rates) > 1 else rates)
+            agent = statistics.median(rates[1:] or rates)
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
         finally:
             lab_agents.stop(endpoints)
@@ -105,15 +105,15 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
             result = driver.run(endpoints, algorithm, [elements], workloads.emulated([elements]), iterations=iterations,
                                 ctx=ctx, **pipelining)
             busy = cpu_busy(before, cpu_counters())
-            gst = statistics.median(result.gst()[1:] if iterations > 1 else result.gst())
-            collective = statistics.median(result.collective_time()[1:] if iterations > 1 else result.collective_time())
+            # iteration 1 opens the connections: the median of the rest
+            gst, collective = (statistics.median(times[1:] or times) for times in (result.gst(), result.collective_time()))
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
         finally:
             lab_agents.stop(endpoints)
     link = spec.links.bandwidth
     algbw = elements * 4 * 8 / gst
-    busbw = algbw * 2 * (servers - 1) / servers
-    collective_busbw = elements * 4 * 8 / collective * 2 * (servers - 1) / servers
+    factor = 2 * (servers - 1) / servers  # NCCL-tests' allreduce bus factor
+    busbw, collective_busbw = algbw * factor, elements * 4 * 8 / collective * factor
     return {"algorithm": algorithm, "servers": servers, "mbytes": mbytes, "link": rate, "mtu": mtu,
             "partition_mbytes": partition_mbytes, "gst_s": round(gst, 3), "collective_s": round(collective, 3),
             "collective_ratio_to_link": round(collective_busbw / link, 3),

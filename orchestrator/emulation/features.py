@@ -101,8 +101,8 @@ def available_tcp_congestion() -> list[str]:
 
 
 def tcp_congestion_available(name: str) -> bool:
-    """Registered, or its module (tcp_<name>) loads now."""
-    return name in available_tcp_congestion() or (_module(f"tcp_{name}") and name in available_tcp_congestion())
+    """Registered with the kernel (built in, or its module tcp_<name> loaded)."""
+    return name in available_tcp_congestion()
 
 
 def is_root() -> bool:
