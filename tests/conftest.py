@@ -72,7 +72,7 @@ def host_snapshot() -> dict:
     if docker_engine.engine_reachable():
         containers = sorted(c["name"] for c in docker_engine.lab_containers())
     return {
-        "namespaces": kernel.list_namespaces("testbed-"),
+        "namespaces": kernel.list_namespaces(),
         "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
         "containers": containers,
         "rules": sorted(l for l in rules.splitlines() if l and not l.startswith(("#", ":"))),

@@ -14,6 +14,7 @@ import subprocess
 from collections import defaultdict
 
 from orchestrator.emulation import docker_engine, kernel
+from orchestrator.emulation.features import PROBE_PREFIX
 from orchestrator.emulation.journal import LabState, global_lock, lab_id
 from orchestrator.emulation.plan import NAMESPACE_PREFIX, link_group, namespace_name
 from orchestrator.errors import LabExists
@@ -31,7 +32,10 @@ def refuse_leftovers(name: str) -> None:
 def clean_lab(name: str) -> dict[str, int]:
     """Remove everything of lab `name` that exists; returns counts of what was removed."""
     with global_lock():
-        return _clean(name)
+        removed = _clean(name)
+        if probes := sum(kernel.delete_namespace(ns) for ns in _orphaned_probes()):
+            removed["namespaces"] = removed.get("namespaces", 0) + probes
+        return removed
 
 
 def clean_all() -> dict[str, int]:
@@ -43,7 +47,7 @@ def clean_all() -> dict[str, int]:
         for name in sorted(names):
             for key, count in _clean(name).items():
                 totals[key] += count
-        for ns in kernel.list_namespaces(NAMESPACE_PREFIX):
+        for ns in kernel.list_namespaces(NAMESPACE_PREFIX) + _orphaned_probes():
             totals["namespaces"] += kernel.delete_namespace(ns)
         totals["host links"] += _delete_root_links(lambda link: bool(ROOT_LINK.match(link)))
     return {what: count for what, count in totals.items() if count}
@@ -86,6 +90,16 @@ def _clean(name: str) -> dict[str, int]:
         state.remove()
         removed["state"] += 1
     return {k: v for k, v in removed.items() if v}
+
+
+def _orphaned_probes() -> list[str]:
+    """Namespaces of feature probes whose process is gone (killed between create and delete)."""
+    orphans = []
+    for ns in kernel.list_namespaces(PROBE_PREFIX):
+        pid = ns.removeprefix(PROBE_PREFIX)
+        if not (pid.isdigit() and os.path.exists(f"/proc/{pid}")):
+            orphans.append(ns)
+    return orphans
 
 
 def _delete_root_links(match, group: int | None = None) -> int:

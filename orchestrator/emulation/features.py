@@ -19,6 +19,9 @@ from orchestrator.emulation import kernel
 from orchestrator.errors import EmulationError, HostError, MissingFeature
 
 KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "big_tcp", "rdma_rxe", "openvswitch")
+# a probe's namespace is named after its process, so `testbed clean` can tell a leftover of a
+# killed probe from one still running
+PROBE_PREFIX = "tb-probe-"
 
 
 @functools.cache
@@ -28,7 +31,7 @@ def kernel_features() -> dict[str, bool]:
     found = dict.fromkeys(KERNEL_FEATURES, False)
     found["rdma_rxe"] = _module("rdma_rxe")
     found["openvswitch"] = _module("openvswitch")
-    probe = f"tb-probe-{os.getpid()}"
+    probe = f"{PROBE_PREFIX}{os.getpid()}"
     kernel.create_namespaces([probe])
     try:
         with kernel.Netlink() as nl:

@@ -190,6 +190,25 @@ def test_unavailable_tcp_congestion_control_is_refused_before_building():
     assert kernel.list_namespaces("testbed-refused-") == []
 
 
+def test_clean_removes_the_namespace_of_a_killed_feature_probe_only():
+    """A probe killed between creating and deleting its namespace leaves it behind; clean
+    removes it, and never the namespace of a probe still running."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os, signal; from orchestrator.emulation import features; "
+         "features.kernel.delete_namespace = lambda ns: os.kill(os.getpid(), signal.SIGKILL); features.kernel_features()"],
+    )
+    assert probe.returncode == -9
+    orphans = kernel.list_namespaces(features.PROBE_PREFIX)
+    assert orphans, "the killed probe left no namespace to clean"
+    live = f"{features.PROBE_PREFIX}{os.getpid()}"
+    kernel.create_namespaces([live])
+    try:
+        cleanup.clean_lab("no-such-lab")
+        assert kernel.list_namespaces(features.PROBE_PREFIX) == [live]
+    finally:
+        kernel.delete_namespace(live)
+
+
 def _df_ping_passes(lab, src: str, dst: str, payload: int) -> bool:
     """One ping with `payload` bytes (+28 of headers) that must not be fragmented."""
     address = str(lab.topology.address_of(dst))
