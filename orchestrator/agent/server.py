@@ -151,12 +151,27 @@ class Agent:
             traceback.print_exc()
 
     def results(self) -> pb.RunResults:
-        usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        usage = peak_rss_mib()
         return pb.RunResults(
             run_id=self.config.run_id if self.config else "", rank=self.config.rank if self.config else 0,
             node=self.node, records=self.records, error=self.error,
             peak_rss_mib=usage, buffer_mib=self.buffer_bytes / 2**20,
         )
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since its exec, in MiB.
+
+    Not getrusage's ru_maxrss: Linux carries that across exec from the process that forked,
+    so an agent launched by an orchestrator of ~90 MiB reported ~90 MiB however small it
+    stayed. VmHWM is the high-water mark of this program's own address space."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class ControlService(pb_grpc.ControlServicer):

@@ -110,3 +110,19 @@ def test_a_peer_that_dies_mid_run_fails_the_run_naming_a_rank():
         assert time.monotonic() - started < 60  # noticed, not timed out
         survivors = driver.run(eps[:2], "ring", [1000], workloads.emulated([1000]), iterations=1)
         assert all(r["verified"] for r in survivors.records())
+
+
+def test_reported_peak_memory_is_the_agents_own_not_its_launchers():
+    """Linux carries ru_maxrss across fork and exec: an agent started by a large process
+    would report the launcher's size. Launched from a process holding 400 MiB, agents
+    moving a small gradient must still report what they use themselves."""
+    import numpy as np
+
+    ballast = np.ones(400 * 2**20 // 8)  # touched, so resident in the launcher
+    tensors = [250_000]
+    with local_agents(3) as eps:
+        result = driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=2)
+    del ballast
+    for agent in result.results:
+        assert 20 < agent.peak_rss_mib < 200, agent.peak_rss_mib
+        assert agent.buffer_mib == pytest.approx(tensors[0] * 4 / 2**20)
