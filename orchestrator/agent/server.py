@@ -117,7 +117,12 @@ class Agent:
                 elif model is not None:
                     loss = model.gradient(iteration, engine.buffer)
                 else:
-                    workloads.emulated_gradient(config.rank, iteration, len(engine.buffer), engine.buffer)
+                    # off the event loop: it keeps answering peers meanwhile (the Acks that
+                    # end their allreduce), as a real worker's compute leaves its
+                    # communication thread free
+                    await asyncio.to_thread(
+                        workloads.emulated_gradient, config.rank, iteration, len(engine.buffer), engine.buffer
+                    )
                 if worker:
                     await workloads.compute(spec, started)
                 compute_s = time.perf_counter() - started
