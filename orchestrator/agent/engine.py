@@ -4,13 +4,19 @@ Transfers stream chunks of their range through `Data.Push` calls: one call per p
 peer and NIC for a whole iteration, carrying that partition's transfers to that peer step
 after step (a call costs the agent far more than a chunk, and partitions would otherwise
 multiply the calls). The receiver adds (or copies) each chunk straight into its buffer as
-it arrives — no staging copy of the model. A partition moves through its steps in order: a
-rank enters step s once its sends of earlier steps are written and their receives are
-done, and a receiver applies a chunk of step s only after it has entered step s (until
-then the sender's stream waits, held back by HTTP/2 flow control). Each stream carries its
-partition's steps in order, so its head is always the earliest step the receiver still
-needs. That is exactly the schedule's semantics, with no global barrier; the calls' Acks
-are collected when the allreduce ends.
+it arrives — no staging copy of the model.
+
+Ordering is per range, chunk by chunk, as NCCL pipelines a ring by slices: a chunk of a
+step-s send is written once every receive of an earlier step into its range has been
+applied, and a received chunk of step s is applied once every earlier step's receive into,
+and send out of, its range is done (until then the sender's stream waits, held back by
+HTTP/2 flow control). That is exactly the schedule's semantics (sends of step s read the
+buffer after all receives of steps < s), with no barrier between steps: a ring forwards a
+chunk as soon as it is reduced instead of after the whole step's range (8 servers at 1
+Gbit: ~2 ms saved per step; busbw by collective time 0.91-0.92 -> 0.94-0.95). A rank
+writes its sends step after step, and each stream carries its partition's steps in order,
+so a stream's head never waits on anything behind it. The calls' Acks are collected when
+the allreduce ends.
 
 Partitions start in priority order, with at most `credit_bytes` of them in flight.
 """
@@ -48,10 +54,30 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
 
 
 @dataclass
+class _Range:
+    """What is left of one transfer of a step: elements [lo, hi) not yet received (or
+    written). Chunks of a transfer travel in order on one stream, so `lo` only grows."""
+
+    step: int
+    peer: int
+    lo: int
+    hi: int
+
+
+@dataclass
 class _PartitionState:
-    entered_step: int = -1  # schedule step number entered (-1: not started)
-    remaining: dict[int, int] = field(default_factory=dict)  # step → elements still to receive
-    received: dict[int, asyncio.Event] = field(default_factory=dict)
+    receiving: dict[tuple[int, int, int], _Range] = field(default_factory=dict)  # (step, src, lo) → left
+    sending: dict[tuple[int, int], _Range] = field(default_factory=dict)  # (step, send index) → unwritten
+
+    def clear_to_send(self, step: int, lo: int, hi: int) -> bool:
+        """Every receive of an earlier step into [lo, hi) has been applied."""
+        return not any(r.step < step and r.lo < hi and lo < r.hi for r in self.receiving.values())
+
+    def clear_to_apply(self, step: int, lo: int, hi: int) -> bool:
+        """... and every send of an earlier step out of [lo, hi) has been written."""
+        return self.clear_to_send(step, lo, hi) and not any(
+            r.step < step and r.lo < hi and lo < r.hi for r in self.sending.values()
+        )
 
 
 class Engine:
@@ -110,10 +136,16 @@ class Engine:
             async with self.changed:
                 await self.changed.wait_for(lambda: self._ready_for(head))
         state = self.states[head.partition]
+        left = state.receiving.pop((head.step, head.src, head.offset))
+        if head.offset + head.count > left.hi:
+            raise ValueError(f"chunk [{head.offset}, +{head.count}) from rank {head.src} overruns its transfer")
         self._apply(head, payload)
-        state.remaining[head.step] -= head.count
-        if state.remaining[head.step] <= 0:
-            state.received[head.step].set()
+        left.lo += head.count
+        if left.lo < left.hi:
+            if (left.step, left.peer, left.lo) in state.receiving:
+                raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
+            state.receiving[(left.step, left.peer, left.lo)] = left
+        await self._progressed()
 
     def _ready_for(self, chunk: pb.Chunk) -> bool:
         if chunk.iteration < self.iteration:
@@ -121,7 +153,19 @@ class Engine:
         if chunk.iteration > self.iteration:
             return False
         state = self.states.get(chunk.partition)
-        return state is not None and state.entered_step >= chunk.step
+        if state is None or (chunk.step, chunk.src, chunk.offset) not in state.receiving:
+            # a transfer's chunks come in order on one stream: the next one starts where
+            # the transfer's unreceived range does
+            raise ValueError(
+                f"unexpected chunk: step {chunk.step}, partition {chunk.partition}, "
+                f"[{chunk.offset}, +{chunk.count}) from rank {chunk.src}"
+            )
+        return state.clear_to_apply(chunk.step, chunk.offset, chunk.offset + chunk.count)
+
+    async def _progressed(self) -> None:
+        """Wake whoever waits for a range."""
+        async with self.changed:
+            self.changed.notify_all()
 
     def _apply(self, chunk: pb.Chunk, payload: memoryview) -> int:
         data = np.frombuffer(payload, dtype=self.buffer.dtype)
@@ -147,13 +191,19 @@ class Engine:
             )
         return self.stubs[target]
 
-    async def _send(self, partition: int, step: int, send: Send) -> None:
+    async def _send(self, partition: int, step: int, send: Send, key: tuple[int, int]) -> None:
         """Write one transfer's chunks into the partition's call to the peer (opened on first
-        use); done when written — the range has been copied out of the buffer by then."""
+        use), each once its range is ready; done when written — the range has been copied
+        out of the buffer by then. `key` names the transfer's unwritten range in the state."""
         call, lock = self._stream(partition, send)
+        state = self.states[partition]
+        left = state.sending[key]
         async with lock:  # with SENDS_PER_NIC > 1, two sends of one step could share the call
             for start in range(send.offset, send.offset + send.count, self.chunk_elements):
                 count = min(self.chunk_elements, send.offset + send.count - start)
+                if not state.clear_to_send(step, start, start + count):
+                    async with self.changed:
+                        await self.changed.wait_for(lambda: state.clear_to_send(step, start, start + count))
                 head = pb.Chunk(
                     run_id=self.run_id, iteration=self.iteration, partition=partition, step=step,
                     src=self.rank, offset=start, count=count, copy=send.copy,
@@ -162,6 +212,10 @@ class Engine:
                     await call.write(encode_chunk(head, self.buffer[start : start + count]))
                 except Exception as exc:  # the call ended early
                     raise await self._refusal(call, send.dst, exc) from exc
+                left.lo = start + count
+                if left.lo >= left.hi:
+                    del state.sending[key]
+                await self._progressed()
         size = send.count * self.buffer.itemsize
         self.sent += size
         self.counters(self._node(send.dst), size, 0)
@@ -211,10 +265,14 @@ class Engine:
             for plan in self.plans:
                 state = self.states[plan.index]
                 for step in plan.steps:
-                    state.remaining[step.step] = step.recv
-                    state.received[step.step] = asyncio.Event()
-                    if step.recv == 0:
-                        state.received[step.step].set()
+                    for r in step.recvs:
+                        if r.count:
+                            if (step.step, r.src, r.offset) in state.receiving:
+                                raise ValueError(f"plan receives twice from rank {r.src} at {r.offset} in step {step.step}")
+                            state.receiving[(step.step, r.src, r.offset)] = _Range(step.step, r.src, r.offset, r.offset + r.count)
+                    for i, x in enumerate(step.sends):
+                        if x.count:
+                            state.sending[(step.step, i)] = _Range(step.step, x.dst, x.offset, x.offset + x.count)
             self.changed.notify_all()
         credit = asyncio.Condition()
         in_flight = [0]
@@ -249,11 +307,11 @@ class Engine:
     async def _run_partition(self, plan: PartitionPlan) -> None:
         state = self.states[plan.index]
         for step in plan.steps:
-            async with self.changed:
-                state.entered_step = step.step
-                self.changed.notify_all()
-            await asyncio.gather(self._send_all(plan.index, step), state.received[step.step].wait())
+            await self._send_all(plan.index, step)
         await self._finish_streams(plan.index)
+        if state.receiving:
+            async with self.changed:
+                await self.changed.wait_for(lambda: not state.receiving)
 
     async def _send_all(self, partition: int, step: Step) -> None:
         """A step's sends, at most SENDS_PER_NIC at once on each NIC, staggered by rank.
@@ -265,14 +323,15 @@ class Engine:
         gradient). Starting each rank at the next rank spreads the receivers. Only sends of
         one step share the bound, so no transfer can wait on a slot that a later step holds
         (no deadlock)."""
-        by_nic: dict[int, list[Send]] = {}
+        by_nic: dict[int, list[tuple[Send, tuple[int, int]]]] = {}
         ranks = len(self.peers)
-        for send in sorted(step.sends, key=lambda s: (s.dst - self.rank) % ranks):
-            by_nic.setdefault(send.nic, []).append(send)
+        sends = [(send, (step.step, i)) for i, send in enumerate(step.sends) if send.count]
+        for send, key in sorted(sends, key=lambda s: (s[0].dst - self.rank) % ranks):
+            by_nic.setdefault(send.nic, []).append((send, key))
 
-        async def lane(sends: list[Send]) -> None:
-            for send in sends:
-                await self._send(partition, step.step, send)
+        async def lane(sends: list[tuple[Send, tuple[int, int]]]) -> None:
+            for send, key in sends:
+                await self._send(partition, step.step, send, key)
 
         lanes = []
         for sends in by_nic.values():

@@ -5,11 +5,12 @@ only its own part, as JSON, so agents need no topology or algorithm code:
 
     {"partitions": [{"index": 0, "offset": 0, "length": 1000, "priority": 0,
                      "steps": [{"step": 3, "send": [[dst, offset, count, copy, nic]],
-                                "recv": 250}]}]}
+                                "recv": [[src, offset, count]]}]}]}
 
 `step` is the step's number in the partition's schedule; a rank lists only the steps it
-takes part in. `recv` counts the elements it must receive in that step; `nic` is -1 when
-the schedule leaves the choice to routing.
+takes part in. `recv` lists the ranges it receives in that step (the agent orders each
+chunk after the earlier steps' work on the same range); `nic` is -1 when the schedule
+leaves the choice to routing.
 """
 
 from __future__ import annotations
@@ -50,11 +51,23 @@ class Send:
     nic: int  # -1: any
 
 
+@dataclass(frozen=True)
+class Recv:
+    src: int
+    offset: int
+    count: int
+
+
 @dataclass
 class Step:
     step: int
     sends: list[Send]
-    recv: int  # elements expected
+    recvs: list[Recv]
+
+    @property
+    def recv(self) -> int:
+        """Elements this rank receives in the step."""
+        return sum(r.count for r in self.recvs)
 
 
 @dataclass
@@ -72,13 +85,13 @@ def build_rank_plans(schedules, ranks: int) -> list[str]:
     for index, (part, schedule) in enumerate(schedules):
         per_rank: list[dict[int, dict]] = [{} for _ in range(ranks)]
         for step_no, transfer in schedule.transfers():
-            send_step = per_rank[transfer.src].setdefault(step_no, {"step": step_no, "send": [], "recv": 0})
+            send_step = per_rank[transfer.src].setdefault(step_no, {"step": step_no, "send": [], "recv": []})
             send_step["send"].append(
                 [transfer.dst, transfer.offset, transfer.length, int(transfer.op == "copy"),
                  -1 if transfer.nic is None else transfer.nic]
             )
-            recv_step = per_rank[transfer.dst].setdefault(step_no, {"step": step_no, "send": [], "recv": 0})
-            recv_step["recv"] += transfer.length
+            recv_step = per_rank[transfer.dst].setdefault(step_no, {"step": step_no, "send": [], "recv": []})
+            recv_step["recv"].append([transfer.src, transfer.offset, transfer.length])
         for rank in range(ranks):
             plans[rank].append(
                 {"index": index, "offset": part.offset, "length": part.length, "priority": part.priority,
@@ -92,7 +105,8 @@ def parse(text: str) -> list[PartitionPlan]:
     return [
         PartitionPlan(
             p["index"], p["offset"], p["length"], p["priority"],
-            [Step(s["step"], [Send(d, o, c, bool(cp), nic) for d, o, c, cp, nic in s["send"]], s["recv"])
+            [Step(s["step"], [Send(d, o, c, bool(cp), nic) for d, o, c, cp, nic in s["send"]],
+                  [Recv(src, o, c) for src, o, c in s["recv"]])
              for s in p["steps"]],
         )
         for p in data["partitions"]

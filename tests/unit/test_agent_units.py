@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -221,12 +222,13 @@ class _EndedCall:
 
 
 def _engine_sending_to(call: _EndedCall):
-    from orchestrator.agent.engine import Engine
+    from orchestrator.agent.engine import Engine, _PartitionState, _Range
 
     engine = Engine("run", 0, [], np.arange(10, dtype=np.float32), {1: {"node": "h1", "address": "-", "by_nic": {}}},
                     chunk_bytes=8, credit_bytes=0, counters=lambda *_: None)
     engine._push = lambda send: (lambda: call)
     engine.iteration = 0
+    engine.states = {0: _PartitionState(sending={(0, 0): _Range(0, 1, 0, 10)})}
     return engine
 
 
@@ -236,7 +238,7 @@ def test_a_receiver_that_ends_a_stream_early_is_named_with_its_reason():
     call = _EndedCall(1, pb.Ack(ok=False, error="ValueError: chunk for finished iteration 3"))
     engine = _engine_sending_to(call)
     with pytest.raises(RuntimeError, match=r"^sending to rank 1 \(h1\): ValueError: chunk for finished iteration 3$"):
-        asyncio.run(engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1)))
+        asyncio.run(engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1), (0, 0)))
     assert call.written == 1
 
 
@@ -246,7 +248,7 @@ def test_a_refusal_at_the_end_of_a_stream_fails_the_allreduce_naming_the_peer():
     engine = _engine_sending_to(_EndedCall(99, pb.Ack(ok=False, error="ValueError: chunk carries 3 elements")))
 
     async def send_then_collect():
-        await engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1))
+        await engine._send(0, 0, plan_format.Send(dst=1, offset=0, count=10, copy=False, nic=-1), (0, 0))
         await engine._finish_streams(0)
         await engine._acknowledged()
 
@@ -266,3 +268,109 @@ def test_collective_time_runs_from_the_last_entry_to_the_last_exit():
                                      pb.RunResults(rank=2)], 8, 4.0)  # a rank without records is left out
     assert result.gst() == [1.0, 1.5]
     assert result.collective_time() == pytest.approx([0.7, 1.4])
+
+
+class _RecordingCall:
+    """A Data.Push call that records the chunks written into it; `gate`, when given, holds
+    every write until it is set."""
+
+    def __init__(self, gate=None) -> None:
+        self.chunks: list[tuple[pb.Chunk, np.ndarray]] = []
+        self.gate = gate
+
+    async def write(self, message: bytes) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        head, payload = decode_chunk(message)
+        self.chunks.append((head, np.frombuffer(payload, np.float32).copy()))
+
+    async def done_writing(self) -> None:
+        pass
+
+    def __await__(self):
+        yield from []
+        return pb.Ack(ok=True)
+
+
+def _engine_of(steps: list[plan_format.Step], call: _RecordingCall, size: int = 4):
+    """Rank 0 of two, one partition over `size` elements of ones, chunks of 2 elements."""
+    from orchestrator.agent.engine import Engine
+
+    plans = [plan_format.PartitionPlan(0, 0, size, 0, steps)]
+    engine = Engine("run", 0, plans, np.ones(size, np.float32), {1: {"node": "h1", "address": "-", "by_nic": {}}},
+                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None)
+    engine._push = lambda send: (lambda: call)
+    return engine
+
+
+def _chunk(step: int, offset: int, value: float, copy: bool = False) -> tuple[pb.Chunk, memoryview]:
+    head = pb.Chunk(run_id="run", iteration=0, partition=0, step=step, src=1, offset=offset, count=2, copy=copy)
+    return head, memoryview(np.full(2, value, np.float32).tobytes())
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_reduced_chunk_is_forwarded_before_the_rest_of_its_step_arrives():
+    """Per-range ordering, as NCCL pipelines a ring: step 1 sends what step 0 receives, and
+    its first chunk leaves as soon as that chunk is reduced, not after the whole range."""
+    call = _RecordingCall()
+    engine = _engine_of([
+        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
+        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
+    ], call)
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        await engine._accept_chunk(*_chunk(0, 0, 10))
+        await _settle()
+        forwarded_early = [(h.step, h.offset, list(data)) for h, data in call.chunks]
+        await engine._accept_chunk(*_chunk(0, 2, 20))
+        await asyncio.wait_for(run, 5)
+        return forwarded_early
+
+    assert asyncio.run(scenario()) == [(1, 0, [11.0, 11.0])]
+    assert [(h.offset, list(data)) for h, data in call.chunks] == [(0, [11.0, 11.0]), (2, [21.0, 21.0])]
+
+
+def test_a_received_chunk_waits_for_an_earlier_steps_send_of_its_range():
+    """A step-1 copy into [0, 2) must not land before step 0 has sent [0, 2) out: the send
+    would carry the new values."""
+    gate = asyncio.Event()
+    call = _RecordingCall(gate)
+    engine = _engine_of([
+        plan_format.Step(0, [plan_format.Send(1, 0, 4, False, -1)], []),
+        plan_format.Step(1, [], [plan_format.Recv(1, 0, 2), plan_format.Recv(1, 2, 2)]),
+    ], call)
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        landing = asyncio.create_task(engine._accept_chunk(*_chunk(1, 0, 7, copy=True)))
+        await _settle()
+        held = engine.buffer.tolist()
+        gate.set()
+        await landing
+        await engine._accept_chunk(*_chunk(1, 2, 8, copy=True))
+        await asyncio.wait_for(run, 5)
+        return held
+
+    assert asyncio.run(scenario()) == [1.0, 1.0, 1.0, 1.0]
+    assert [list(data) for _, data in call.chunks] == [[1.0, 1.0], [1.0, 1.0]]  # sent before overwritten
+    assert engine.buffer.tolist() == [7.0, 7.0, 8.0, 8.0]
+
+
+def test_a_chunk_nobody_planned_is_refused():
+    engine = _engine_of([plan_format.Step(0, [], [plan_format.Recv(1, 0, 2)])], _RecordingCall(), size=2)
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        await _settle()
+        try:
+            with pytest.raises(ValueError, match=r"unexpected chunk: step 3"):
+                await engine._accept_chunk(*_chunk(3, 0, 1))
+        finally:
+            run.cancel()
+
+    asyncio.run(scenario())
