@@ -3,8 +3,11 @@
 
     sudo .venv/bin/python bench/agent_dataplane.py [--mbytes 100] [--iterations 5]
 
-1. goodput: star,2 at 1 Gbit; iperf3 TCP h0 → h1, then the agents moving the same bytes
-   (a 2-rank binomial tree: one transfer each way per iteration). Goal: agent ≥ 0.97 × iperf3.
+1. goodput: star,2 at 1 Gbit; iperf3 TCP h0 → h1 while h1 → h0 (--bidir), then the agents
+   moving the same bytes each way at once: a 2-rank ring, where each agent sends S (its
+   half, then the other half reduced, chunk by chunk) while receiving as much; goodput per
+   direction is S/GST. (A 2-rank tree no longer serves: its broadcast now overlaps its
+   reduce, so "two transfers in turn" would be counted twice.) Goal: agent ≥ 0.97 × iperf3.
 2. busbw: ring allreduce on 8 servers of a star at 1 Gbit, NCCL-tests definition
    (busbw = S/t · 2(n−1)/n), t being GST (the slowest agent's), and also t being the
    collective's own time (last agent in to last agent out). Goal: ≥ 0.9 × link rate. At MTU
@@ -42,13 +45,12 @@ from tests.netns.probes import iperf3_mbit  # noqa: E402
 def goodput(mbytes: int, iterations: int) -> dict:
     spec = lab_from_argument("star,2", name="bench-goodput", **{"servers.runtime": "netns", "links.bandwidth": "1Gbit"})
     with Lab.up(spec) as lab:
-        iperf = statistics.median(iperf3_mbit(lab, "h0", "h1", seconds=5) for _ in range(3))
+        iperf = statistics.median(iperf3_mbit(lab, "h0", "h1", seconds=5, extra=["--bidir"]) for _ in range(3))
         endpoints = lab_agents.start(lab)
         try:
             elements = mbytes * 2**20 // 4
-            result = driver.run(endpoints, "tree", [elements], workloads.emulated([elements]), iterations=iterations)
-            # each iteration moves the buffer once each way, one transfer at a time
-            rates = [2 * elements * 4 * 8 / gst / 1e6 for gst in result.gst()]
+            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations)
+            rates = [elements * 4 * 8 / gst / 1e6 for gst in result.gst()]  # each way, at once
             agent = statistics.median(rates[1:] or rates)
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
         finally:
