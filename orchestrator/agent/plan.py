@@ -25,20 +25,26 @@ from dataclasses import dataclass
 # its gradient (72 with 512 KiB), over the 80 MB bound: see `chunk_bytes`.
 CHUNK_BYTES = 512 * 1024
 FEW_PEERS_CHUNK_BYTES = 2**20
-FEW_PEERS = 2
 
 
-def chunk_bytes(schedules) -> int:
-    """Message size for a run of [(Partition, Schedule)]: FEW_PEERS_CHUNK_BYTES when no rank
-    receives from more than FEW_PEERS ranks over the whole run (ring; anything on 2 or 3
-    ranks), else CHUNK_BYTES. The whole run, not one step: agents order transfers per range,
-    so a rank's receives of successive steps overlap in time (a binomial tree's root took
-    ~77 MiB beyond its gradient with 1 MiB messages from its three children)."""
+def chunk_bytes(schedules, credit_bytes: int = 0, itemsize: int = 4) -> int:
+    """Message size for a run of [(Partition, Schedule)] with a credit window of
+    `credit_bytes` (0: every partition at once): FEW_PEERS_CHUNK_BYTES when no rank can have
+    more than one stream coming in at a time (a ring in one partition, 2 ranks), else
+    CHUNK_BYTES. Streams at a time are a rank's distinct sources over the whole run (agents
+    order transfers per range, so receives of successive steps overlap) times the
+    partitions in flight. Measured peaks beyond the gradient with 1 MiB messages: a binomial
+    tree's root (3 children) 76.6 MiB, a ring with two 8 MiB partitions in flight 74-76
+    MiB, both close to the 80 MB bound; with 512 KiB, 68 and 69."""
     sources: dict[int, set[int]] = {}
     for _, schedule in schedules:
         for _, transfer in schedule.transfers():
             sources.setdefault(transfer.dst, set()).add(transfer.src)
-    if any(len(peers) > FEW_PEERS for peers in sources.values()):
+    in_flight = len(schedules)
+    if credit_bytes and schedules:
+        smallest = min(part.length for part, _ in schedules) * itemsize
+        in_flight = min(in_flight, max(1, credit_bytes // max(1, smallest)))
+    if any(len(peers) * in_flight > 1 for peers in sources.values()):
         return CHUNK_BYTES
     return FEW_PEERS_CHUNK_BYTES
 

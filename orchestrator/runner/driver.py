@@ -137,7 +137,7 @@ def run(
     if ranks != len(endpoints):
         raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
     plans = build_rank_plans(schedules, ranks)
-    chunk_bytes = chunk_bytes or default_chunk_bytes(schedules)
+    chunk_bytes = chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)

@@ -191,16 +191,18 @@ def test_tuned_malloc_serves_message_sized_buffers_without_faulting_pages_in():
     assert tuned < default / 20
 
 
-@pytest.mark.parametrize("algorithm, workers, expected", [
-    ("ring", 8, plan_format.FEW_PEERS_CHUNK_BYTES), ("ring", 17, plan_format.FEW_PEERS_CHUNK_BYTES),
-    ("halving-doubling", 4, plan_format.FEW_PEERS_CHUNK_BYTES),  # two partners over its steps
-    ("halving-doubling", 8, plan_format.CHUNK_BYTES), ("tree", 5, plan_format.CHUNK_BYTES),  # root: three children
-    ("tree", 3, plan_format.FEW_PEERS_CHUNK_BYTES), ("mesh", 4, plan_format.CHUNK_BYTES),
-    ("mesh", 3, plan_format.FEW_PEERS_CHUNK_BYTES),  # two peers each
+@pytest.mark.parametrize("algorithm, workers, part_bytes, credit, expected", [
+    ("ring", 8, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES), ("ring", 17, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES),
+    ("ring", 8, 8_000, 8_000, plan_format.FEW_PEERS_CHUNK_BYTES),  # one partition in flight at a time
+    ("ring", 8, 8_000, 16_000, plan_format.CHUNK_BYTES),  # two at once: two streams from the neighbour
+    ("ring", 8, 8_000, 0, plan_format.CHUNK_BYTES),  # every partition at once
+    ("tree", 2, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES),
+    ("halving-doubling", 4, None, 0, plan_format.CHUNK_BYTES),  # two partners over its steps
+    ("tree", 5, None, 0, plan_format.CHUNK_BYTES), ("mesh", 4, None, 0, plan_format.CHUNK_BYTES),
 ])
-def test_message_size_shrinks_when_a_rank_receives_from_many_peers_over_the_run(algorithm, workers, expected):
-    schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], 2_000 * 4))
-    assert plan_format.chunk_bytes(schedules) == expected
+def test_message_size_shrinks_when_a_rank_has_several_streams_coming_in(algorithm, workers, part_bytes, credit, expected):
+    schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], part_bytes))
+    assert plan_format.chunk_bytes(schedules, credit) == expected
 
 
 class _EndedCall:
