@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import grpc
 import numpy as np
@@ -71,13 +72,16 @@ class _PartitionState:
 
     def clear_to_send(self, step: int, lo: int, hi: int) -> bool:
         """Every receive of an earlier step into [lo, hi) has been applied."""
-        return not any(r.step < step and r.lo < hi and lo < r.hi for r in self.receiving.values())
+        return not _overlaps_earlier(self.receiving.values(), step, lo, hi)
 
     def clear_to_apply(self, step: int, lo: int, hi: int) -> bool:
         """... and every send of an earlier step out of [lo, hi) has been written."""
-        return self.clear_to_send(step, lo, hi) and not any(
-            r.step < step and r.lo < hi and lo < r.hi for r in self.sending.values()
-        )
+        return self.clear_to_send(step, lo, hi) and not _overlaps_earlier(self.sending.values(), step, lo, hi)
+
+
+def _overlaps_earlier(left: Iterable[_Range], step: int, lo: int, hi: int) -> bool:
+    """Is any range left of a step before `step` overlapping [lo, hi)?"""
+    return any(r.step < step and r.lo < hi and lo < r.hi for r in left)
 
 
 class Engine:
@@ -132,9 +136,7 @@ class Engine:
         self.counters(peer, 0, count * self.buffer.itemsize)
 
     async def _accept_chunk(self, head: pb.Chunk, payload: memoryview) -> None:
-        if not self._ready_for(head):
-            async with self.changed:
-                await self.changed.wait_for(lambda: self._ready_for(head))
+        await self._until(lambda: self._ready_for(head))
         state = self.states[head.partition]
         left = state.receiving.pop((head.step, head.src, head.offset))
         if head.offset + head.count > left.hi:
@@ -163,9 +165,15 @@ class Engine:
         return state.clear_to_apply(chunk.step, chunk.offset, chunk.offset + chunk.count)
 
     async def _progressed(self) -> None:
-        """Wake whoever waits for a range."""
+        """Wake whoever waits in `_until`."""
         async with self.changed:
             self.changed.notify_all()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        """Return once `ready()` holds, re-checked whenever ranges or the iteration move."""
+        if not ready():
+            async with self.changed:
+                await self.changed.wait_for(ready)
 
     def _apply(self, chunk: pb.Chunk, payload: memoryview) -> int:
         data = np.frombuffer(payload, dtype=self.buffer.dtype)
@@ -201,9 +209,7 @@ class Engine:
         async with lock:  # with SENDS_PER_NIC > 1, two sends of one step could share the call
             for start in range(send.offset, send.offset + send.count, self.chunk_elements):
                 count = min(self.chunk_elements, send.offset + send.count - start)
-                if not state.clear_to_send(step, start, start + count):
-                    async with self.changed:
-                        await self.changed.wait_for(lambda: state.clear_to_send(step, start, start + count))
+                await self._until(lambda: state.clear_to_send(step, start, start + count))
                 head = pb.Chunk(
                     run_id=self.run_id, iteration=self.iteration, partition=partition, step=step,
                     src=self.rank, offset=start, count=count, copy=send.copy,
@@ -309,9 +315,7 @@ class Engine:
         for step in plan.steps:
             await self._send_all(plan.index, step)
         await self._finish_streams(plan.index)
-        if state.receiving:
-            async with self.changed:
-                await self.changed.wait_for(lambda: not state.receiving)
+        await self._until(lambda: not state.receiving)
 
     async def _send_all(self, partition: int, step: Step) -> None:
         """A step's sends, at most SENDS_PER_NIC at once on each NIC, staggered by rank.

@@ -71,11 +71,6 @@ class Step:
     sends: list[Send]
     recvs: list[Recv]
 
-    @property
-    def recv(self) -> int:
-        """Elements this rank receives in the step."""
-        return sum(r.count for r in self.recvs)
-
 
 @dataclass
 class PartitionPlan:

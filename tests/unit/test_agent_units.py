@@ -63,7 +63,7 @@ def test_rank_plans_replay_the_schedule(algorithm, workers):
                 target[:] = data if x.copy else target + data
                 received[x.dst] = received.get(x.dst, 0) + x.count
             for rank in range(ranks):
-                expected = sum(s.recv for s in plans[rank][p_index].steps if s.step == step)
+                expected = sum(r.count for s in plans[rank][p_index].steps if s.step == step for r in s.recvs)
                 assert received.get(rank, 0) == expected
     reference = simulate_all(schedules, grads, ranks, workers)
     for rank in range(workers):
