@@ -7,6 +7,7 @@ network when in a lab); the agents move gradients among themselves over the data
 from __future__ import annotations
 
 import json
+import queue
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,19 @@ class RunResult:
         one machine's clock, which this needs."""
         return [max(x.start_time + x.gst_seconds for x in records) - max(x.start_time for x in records)
                 for records in self._by_iteration()]
+
+    def back_to_back_times(self) -> list[float]:
+        """Per agent, NCCL-tests' time per operation of a back-to-back run: from entering the
+        first operation after the warm-up (iteration 0) to leaving the last, divided by their
+        number. NCCL-tests reports the mean over ranks by default (`-a 1`), the max with `-a 3`."""
+        times = []
+        for r in self.results:
+            timed = r.records[1:]
+            if timed:
+                times.append((timed[-1].start_time + timed[-1].gst_seconds - timed[0].start_time) / len(timed))
+        if not times:
+            raise ValueError("a back-to-back time needs at least two iterations: the first is the warm-up")
+        return times
 
     def records(self) -> list[dict]:
         return [
@@ -169,12 +183,30 @@ def run(
     return RunResult(run_id, algorithm, results, size * 4, wall)
 
 
+LONG_POLL_SECONDS = 1.0
+
+
 def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float) -> None:
-    pending = list(endpoints)
+    """Until every agent is done: one long-polling Wait per agent at a time (see Agent.wait),
+    answered the moment its run ends; the first failure stops them all."""
+    answers: queue.Queue[tuple[Endpoint, grpc.Future]] = queue.Queue()
+
+    def ask(endpoint: Endpoint) -> None:
+        wait = min(LONG_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+        future = stubs[endpoint.control].Wait.future(pb.WaitRequest(timeout_seconds=wait), timeout=wait + 10)
+        future.add_done_callback(lambda f: answers.put((endpoint, f)))
+
+    for endpoint in endpoints:
+        ask(endpoint)
+    pending = {e.rank: e for e in endpoints}
     while pending:
-        for endpoint in list(pending):
+        try:
+            endpoint, future = answers.get(timeout=max(0.0, deadline - time.monotonic()) + 1)
+        except queue.Empty:
+            endpoint, future = None, None
+        if future is not None:
             try:
-                status = stubs[endpoint.control].Status(pb.Empty(), timeout=10)
+                status = future.result()
             except grpc.RpcError as exc:
                 _call_each(stubs, "Stop")
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) stopped answering: {exc.code().name}") from exc
@@ -182,12 +214,14 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
                 _call_each(stubs, "Stop")
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
             if status.state == "done":
-                pending.remove(endpoint)
+                del pending[endpoint.rank]
+            elif time.monotonic() <= deadline:
+                ask(endpoint)
+                continue
         if pending and time.monotonic() > deadline:
             _call_each(stubs, "Stop")
-            names = ", ".join(e.node for e in pending[:4])
+            names = ", ".join(e.node for e in list(pending.values())[:4])
             raise RunError(f"run timed out waiting for {names}")
-        time.sleep(0.05)
 
 
 def _call_each(stubs: dict[str, pb_grpc.ControlStub], method: str) -> None:

@@ -112,6 +112,19 @@ def test_a_peer_that_dies_mid_run_fails_the_run_naming_a_rank():
         assert all(r["verified"] for r in survivors.records())
 
 
+def test_a_run_past_its_timeout_is_stopped_and_named_and_the_agents_stay_usable(agents):
+    import time
+
+    eps = agents[:3]
+    slow = workloads.emulated([1000], compute_seconds=30.0)
+    started = time.monotonic()
+    with pytest.raises(driver.RunError, match=r"^run timed out waiting for local"):
+        driver.run(eps, "ring", [1000], slow, iterations=2, timeout=1.5)
+    assert time.monotonic() - started < 15  # the long polls end at the deadline, not after the run
+    again = driver.run(eps, "ring", [1000], workloads.emulated([1000]), iterations=1)
+    assert all(r["verified"] for r in again.records())
+
+
 def test_reported_peak_memory_is_the_agents_own_not_its_launchers():
     """Linux carries ru_maxrss across fork and exec: an agent started by a large process
     would report the launcher's size. Launched from a process holding 400 MiB, agents

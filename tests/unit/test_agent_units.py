@@ -274,6 +274,26 @@ def test_collective_time_runs_from_the_last_entry_to_the_last_exit():
     assert result.collective_time() == pytest.approx([0.7, 1.4])
 
 
+def test_an_agents_long_poll_answers_when_the_run_ends_not_at_its_timeout():
+    from orchestrator.agent.metrics import Metrics
+    from orchestrator.agent.server import Agent
+
+    async def scenario() -> tuple[float, float]:
+        agent = Agent("h0", Metrics("h0"))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await agent.wait(30)  # no run: at once
+        idle = loop.time() - started
+        agent.ended.clear()  # as Start does
+        loop.call_later(0.2, agent.ended.set)  # as the run's end does
+        started = loop.time()
+        await agent.wait(30)
+        return idle, loop.time() - started
+
+    idle, running = asyncio.run(scenario())
+    assert idle < 1 and 0.15 < running < 10
+
+
 class _RecordingCall:
     """A Data.Push call that records the chunks written into it; `gate`, when given, holds
     every write until it is set."""

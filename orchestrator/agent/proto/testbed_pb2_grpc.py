@@ -49,6 +49,11 @@ class ControlStub:
                 request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
                 response_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.FromString,
                 _registered_method=True)
+        self.Wait = channel.unary_unary(
+                '/testbed.Control/Wait',
+                request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.WaitRequest.SerializeToString,
+                response_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.FromString,
+                _registered_method=True)
         self.Results = channel.unary_unary(
                 '/testbed.Control/Results',
                 request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
@@ -90,6 +95,13 @@ class ControlServicer:
 
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Wait(self, request, context):
+        """once the run has ended, or after timeout_seconds
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -137,6 +149,11 @@ def add_ControlServicer_to_server(servicer, server):
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.FromString,
+                    response_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.SerializeToString,
+            ),
+            'Wait': grpc.unary_unary_rpc_method_handler(
+                    servicer.Wait,
+                    request_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.WaitRequest.FromString,
                     response_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.SerializeToString,
             ),
             'Results': grpc.unary_unary_rpc_method_handler(
@@ -240,6 +257,33 @@ class Control:
             target,
             '/testbed.Control/Status',
             orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
+            orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Wait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/testbed.Control/Wait',
+            orchestrator_dot_agent_dot_proto_dot_testbed__pb2.WaitRequest.SerializeToString,
             orchestrator_dot_agent_dot_proto_dot_testbed__pb2.AgentStatus.FromString,
             options,
             channel_credentials,
@@ -380,7 +424,8 @@ class DataServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Push(self, request_iterator, context):
-        """One call per scheduled transfer: a stream of chunks of one range of the buffer.
+        """One call per partition, peer and NIC for an iteration: the chunks of that partition's
+        transfers to the peer, step after step (each chunk names its step and range).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
