@@ -3,8 +3,14 @@
 Workload JSON (built by orchestrator.runner.workloads):
 
     {"kind": "emulated", "tensors": [elements, …], "compute_seconds": 0.05}
+    {"kind": "back-to-back", "tensors": [elements, …]}     # NCCL-tests' timed loop
     {"kind": "real", "tensors": [...], "model": "digits-mlp", "hidden": 32, "lr": 0.5,
      "batch": 64, "seed": 0, "data": {"x": [[...]], "y": [...]}}   # this worker's shard
+
+Back-to-back runs allreduces with nothing in between, as NCCL-tests' timed loop does: the
+first iteration (the warm-up) reduces an emulated gradient and is checked exactly; the
+buffer is then zeroed once and every later iteration reduces it again in place, unrefilled
+(a sum of sums would grow N-fold per iteration), each checked to still be zero.
 
 Emulated gradients are small integers, so any summation order gives the exact same sum
 and every reduced buffer can be checked. The real model is a numpy MLP on scikit-learn's
@@ -47,14 +53,22 @@ def emulated_gradient(rank: int, iteration: int, size: int, out: np.ndarray) -> 
     out[rows * len(row) : size] = row[: size - rows * len(row)]
 
 
+def _sampled(size: int, rng: np.random.Generator) -> np.ndarray:
+    return np.unique(np.concatenate([[0, size - 1], rng.integers(0, size, min(CHECK_POSITIONS, size))]))
+
+
 def check_sum(buffer: np.ndarray, workers: int, iteration: int, rng: np.random.Generator) -> bool:
     """Compare sampled positions of the reduced buffer with the exact sum over workers."""
-    size = len(buffer)
-    positions = np.unique(np.concatenate([[0, size - 1], rng.integers(0, size, min(CHECK_POSITIONS, size))]))
+    positions = _sampled(len(buffer), rng)
     expected = np.zeros(len(positions), dtype=np.int64)
     for rank in range(workers):
         expected += _pattern(positions, rank, iteration)
     return bool(np.array_equal(buffer[positions].astype(np.int64), expected))
+
+
+def check_zero(buffer: np.ndarray, rng: np.random.Generator) -> bool:
+    """Sampled positions of a back-to-back iteration's result: a sum of zeros stays zero."""
+    return not buffer[_sampled(len(buffer), rng)].any()
 
 
 class DigitsMLP:

@@ -1,5 +1,6 @@
 """Workloads: the gradient layout of a real model (scaled), a custom tensor list, or the
-digits model trained for real; with emulated compute as a time or from a FLOP rate."""
+digits model trained for real; with emulated compute as a time or from a FLOP rate; or
+NCCL-tests' back-to-back loop, for the collective's own bandwidth."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def emulated(tensors: list[int], compute_seconds: float = 0.0, flops_per_second:
     if flops_per_second:
         compute_seconds = 6 * sum(tensors) * batch / flops_per_second
     return {"kind": "emulated", "tensors": tensors, "compute_seconds": compute_seconds}
+
+
+def back_to_back(tensors: list[int]) -> dict:
+    """Allreduces with nothing in between, as NCCL-tests' timed loop: for busbw in its sense
+    (`RunResult.back_to_back_times`). The first iteration is the warm-up, checked exactly;
+    the rest reduce a zeroed buffer in place (see orchestrator.agent.workload)."""
+    return {"kind": "back-to-back", "tensors": tensors}
 
 
 def digits(workers: int, rank: int, hidden: int = 32, lr: float = 0.5, batch: int = 32, seed: int = 0) -> dict:

@@ -59,6 +59,23 @@ def test_partitioned_with_priority_and_credit(agents):
     assert all(r["verified"] for r in result.records())
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "ps"])
+def test_back_to_back_runs_reduce_with_nothing_in_between(agents, algorithm):
+    # NCCL-tests' loop: the warm-up reduces a checked gradient; the rest reduce the zeroed
+    # buffer again, unrefilled (an agent that refilled it would fail its zero check), with
+    # no emulated compute even if the workload asked for some; ps: 2 separate servers
+    workers = 3
+    eps = [driver.Endpoint(i, e.node, e.control, e.data, role="worker" if i < workers else "ps")
+           for i, e in enumerate(agents[:5 if algorithm == "ps" else workers])]
+    spec = workloads.back_to_back(TENSORS) | {"compute_seconds": 5.0}
+    result = driver.run(eps, algorithm, TENSORS, spec, iterations=4, ctx=_ctx(algorithm, workers))
+    records = [r for r in result.records() if r["rank"] < workers]
+    assert len(records) == 4 * workers and all(r["verified"] for r in records)
+    assert all(r["compute_s"] < 1.0 for r in records)
+    times = result.back_to_back_times()
+    assert len(times) == len(eps) and all(0 < t < max(result.gst()) * 3 for t in times)
+
+
 def test_a_fixed_window_smaller_than_a_chunk_still_delivers_every_byte():
     # a lab's agents run with a fixed HTTP/2 window (lab_agents.flow_window); flow control
     # must pace, not lose or reorder, chunks larger than the window

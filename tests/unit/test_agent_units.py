@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from orchestrator.agent import plan as plan_format
 from orchestrator.agent.engine import PAYLOAD_OFFSET, decode_chunk, encode_chunk
 from orchestrator.agent.proto import testbed_pb2 as pb
-from orchestrator.agent.workload import DigitsMLP, check_sum, emulated_gradient
+from orchestrator.agent.workload import DigitsMLP, check_sum, check_zero, emulated_gradient
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import partitions
@@ -272,6 +272,29 @@ def test_collective_time_runs_from_the_last_entry_to_the_last_exit():
                                      pb.RunResults(rank=2)], 8, 4.0)  # a rank without records is left out
     assert result.gst() == [1.0, 1.5]
     assert result.collective_time() == pytest.approx([0.7, 1.4])
+
+
+def test_back_to_back_time_is_each_agents_loop_after_the_warm_up_over_its_operations():
+    from orchestrator.runner.driver import RunResult
+
+    def agent(rank, *iterations):
+        records = [pb.IterationRecord(iteration=i, start_time=start, gst_seconds=gst) for i, (start, gst) in enumerate(iterations)]
+        return pb.RunResults(rank=rank, records=records)
+
+    # rank 0: warm-up 0-5 (left out), loop 5.0-7.0 over 2 operations; rank 1: 5.1-7.5
+    result = RunResult("r", "ring", [agent(0, (0.0, 5.0), (5.0, 1.0), (6.0, 1.0)),
+                                     agent(1, (0.0, 5.1), (5.1, 1.4), (6.5, 1.0)), pb.RunResults(rank=2)], 8, 9.0)
+    assert result.back_to_back_times() == pytest.approx([1.0, 1.2])
+    with pytest.raises(ValueError, match="warm-up"):
+        RunResult("r", "ring", [agent(0, (0.0, 5.0))], 8, 5.0).back_to_back_times()
+
+
+def test_a_back_to_back_iteration_is_checked_to_have_reduced_zeros():
+    rng = np.random.default_rng(0)
+    buffer = np.zeros(100_000, dtype=np.float32)
+    assert check_zero(buffer, rng)
+    buffer[-1] = 1  # the last position is always among those sampled
+    assert not check_zero(buffer, rng)
 
 
 def test_an_agents_long_poll_answers_when_the_run_ends_not_at_its_timeout():
