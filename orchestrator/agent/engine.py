@@ -34,6 +34,7 @@ from orchestrator.agent.plan import PartitionPlan, Send, Step
 from orchestrator.agent.proto import testbed_pb2 as pb
 
 SENDS_PER_NIC = 1
+MAX_FRAME_BYTES = 2**20
 
 
 def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
@@ -44,10 +45,17 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
     probing — but behind a deep link queue it measures the queueing delay too and lets every
     connection buffer megabytes (a mesh agent has N−1 of them: measured ~98 MiB beyond its
     gradient at 1 Gbit). Inside a lab the orchestrator knows the BDP and fixes the window
-    instead (see `runner.lab_agents.flow_window`)."""
+    instead (see `runner.lab_agents.flow_window`).
+
+    HTTP/2 frames of up to 1 MiB instead of gRPC's 16 KiB: a 1 MiB chunk then crosses as one
+    or two DATA frames instead of 64, each parsed and flow-controlled on its own. In a
+    CPU-bound ring (8 agents, 1 Gbit, 2 cores, back to back) busbw went from 0.90-0.93 to
+    0.93-0.945 × link over eight interleaved runs each (scratch); 256 KiB and 4 MiB frames
+    did no better than 16 KiB, and memory did not change."""
     options = [
         ("grpc.max_receive_message_length", 64 * 2**20),
         ("grpc.max_send_message_length", 64 * 2**20),
+        ("grpc.http2.max_frame_size", MAX_FRAME_BYTES),
     ]
     if window_bytes:
         return options + [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
