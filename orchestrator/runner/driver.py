@@ -52,25 +52,12 @@ class RunResult:
     size_bytes: int
     wall_seconds: float
 
-    def _by_iteration(self) -> list[list[pb.IterationRecord]]:
-        """Per iteration every agent reached, each agent's record of it (parameter servers
+    def gst(self) -> list[float]:
+        """Per iteration, the synchronisation time of the slowest agent (parameter servers
         report iterations too and are included)."""
         agents = [r for r in self.results if r.records]
         iterations = min(len(r.records) for r in agents)
-        return [[r.records[i] for r in agents] for i in range(iterations)]
-
-    def gst(self) -> list[float]:
-        """Per iteration, the synchronisation time of the slowest agent."""
-        return [max(x.gst_seconds for x in records) for records in self._by_iteration()]
-
-    def collective_time(self) -> list[float]:
-        """Per iteration, from the moment the last agent entered the allreduce to the moment
-        the last one left it: the collective's own time, as NCCL-tests times back-to-back
-        operations. GST also holds the wait for agents still busy with other work (computing,
-        checking the previous result); the two differ by that skew. All agents of a lab share
-        one machine's clock, which this needs."""
-        return [max(x.start_time + x.gst_seconds for x in records) - max(x.start_time for x in records)
-                for records in self._by_iteration()]
+        return [max(r.records[i].gst_seconds for r in agents) for i in range(iterations)]
 
     def back_to_back_times(self) -> list[float]:
         """Per agent, NCCL-tests' time per operation of a back-to-back run: from entering the
