@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 
 _NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
 
@@ -30,30 +31,65 @@ _SIZE_UNITS = {
 }
 
 
+class _ShortRepr(reprlib.Repr):
+    """reprlib with room for a quantity, and no int repr of thousands of digits (Python
+    refuses those, and a YAML file can hold one)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = self.maxlong = width
+        self.maxlevel, self.maxlist, self.maxtuple, self.maxdict = 2, 3, 3, 3
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 200:  # ~60 digits: say how long, do not print it
+            return f"<a {'negative ' if x < 0 else ''}number of ~{int(x.bit_length() * 0.30103)} digits>"
+        return super().repr_int(x, level)
+
+
+def shown(value: object, width: int = 40) -> str:
+    """A user's value for an error message: its repr, on one line, cut to about `width`
+    characters, in time that does not grow with the value (a 1 MiB string or a list of
+    100,000 items costs as little as `3`)."""
+    text = _ShortRepr(width).repr(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width + 5 else text[:width] + "..."
+
+
 def _split(value: object, example: str) -> tuple[float, str]:
     """(number, lower-case unit) of `value`; a bare int or float has unit ''."""
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a quantity: write e.g. {example}")
+        raise ValueError(f"{shown(value)} is not a quantity: write e.g. {example}")
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        try:
+            number, unit = float(value), ""
+        except OverflowError:  # an int beyond any float
+            number, unit = math.inf, ""
     else:
         match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", str(value).strip())
         if not match:
-            raise ValueError(f"{value!r} is not a number with a unit: write e.g. {example}")
+            raise ValueError(f"{shown(value)} is not a number with a unit: write e.g. {example}")
         number, unit = float(match["num"]), match["unit"].lower()
     if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{value!r} must be a finite, non-negative quantity, e.g. {example}")
+        raise ValueError(f"{shown(value)} must be a finite, non-negative quantity, e.g. {example}")
     return number, unit
+
+
+def _scaled(number: float, scale: float, value: object, example: str) -> float:
+    """number × scale, refused if that overflows (`999...9Tbit` with 300 nines)."""
+    product = number * scale
+    if not math.isfinite(product):
+        raise ValueError(f"{shown(value)} is far too large: write e.g. {example}")
+    return product
 
 
 def parse_rate(value: str | int | float) -> int:
     """Bits per second from `100Mbit`, `1Gbit`, `1.5Gbps`, `500kbit` or a bare number."""
     number, unit = _split(value, "100Mbit or 1Gbit")
     if unit not in _RATE_UNITS:
-        raise ValueError(f"unknown rate unit in {value!r}: use e.g. 100Mbit, 1Gbit, 10Gbit")
-    bits = int(round(number * _RATE_UNITS[unit]))
+        raise ValueError(f"unknown rate unit in {shown(value)}: use e.g. 100Mbit, 1Gbit, 10Gbit")
+    bits = int(round(_scaled(number, _RATE_UNITS[unit], value, "100Mbit or 1Gbit")))
     if bits <= 0:
-        raise ValueError(f"rate must be positive, got {value!r}")
+        raise ValueError(f"rate must be positive, got {shown(value)}")
     return bits
 
 
@@ -63,7 +99,7 @@ def parse_duration(value: str | int | float) -> float:
     if unit == "":
         return number / 1000.0
     if unit not in _TIME_UNITS:
-        raise ValueError(f"unknown time unit in {value!r}: use ns, us, ms or s, e.g. 2ms")
+        raise ValueError(f"unknown time unit in {shown(value)}: use ns, us, ms or s, e.g. 2ms")
     return number * _TIME_UNITS[unit]
 
 
@@ -71,24 +107,27 @@ def parse_size(value: str | int) -> int:
     """Bytes from `512M`, `1G`, `64k`, `1GiB` or a bare number of bytes (binary multiples)."""
     number, unit = _split(value, "512M or 1G")
     if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown size unit in {value!r}: use e.g. 512M, 1G")
-    size = int(number * _SIZE_UNITS[unit])
+        raise ValueError(f"unknown size unit in {shown(value)}: use e.g. 512M, 1G")
+    size = int(_scaled(number, _SIZE_UNITS[unit], value, "512M or 1G"))
     if size <= 0:
-        raise ValueError(f"size must be positive, got {value!r}")
+        raise ValueError(f"size must be positive, got {shown(value)}")
     return size
 
 
 def parse_percent(value: str | int | float) -> float:
     """A percentage from `1`, `0.5`, `1%`; must lie in [0, 100]."""
-    text = str(value).strip()
-    if text.endswith("%"):
-        text = text[:-1]
-    try:
-        number = float(text)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a percentage: use e.g. 0.1 or 1%") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = float(value) if abs(value) <= 1000 else math.inf  # str() of a huge int raises
+    else:
+        text = str(value).strip()
+        if text.endswith("%"):
+            text = text[:-1]
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"{shown(value)} is not a percentage: use e.g. 0.1 or 1%") from None
     if isinstance(value, bool) or not 0.0 <= number <= 100.0:
-        raise ValueError(f"percentage must lie between 0 and 100, got {value!r}")
+        raise ValueError(f"percentage must lie between 0 and 100, got {shown(value)}")
     return number
 
 

@@ -16,22 +16,28 @@ def lab_from_argument(argument: str, **overrides) -> LabSpec:
 
     `overrides` are dotted keys (`servers.runtime="netns"`) applied before validation.
     """
-    from pathlib import Path
+    import re
 
     from orchestrator.errors import SpecError
+    from orchestrator.spec.lab import NAME_PATTERN
+    from orchestrator.spec.loader import display_path
     from orchestrator.topology import SHORTHAND
 
     kind, *values = argument.split(",")
-    if kind in SHORTHAND and not Path(argument).exists():
+    if kind in SHORTHAND and not _is_file(argument):
         names = SHORTHAND[kind]
+        shown = display_path(argument)
         if len(values) != len(names):
-            raise SpecError(f"{argument}: {kind} takes {len(names)} numbers: {kind},{','.join(n.upper() for n in names)}")
+            raise SpecError(f"{shown}: {kind} takes {len(names)} numbers: {kind},{','.join(n.upper() for n in names)}")
         try:
             numbers = [int(v) for v in values]
         except ValueError:
-            raise SpecError(f"{argument}: parameters must be whole numbers") from None
-        data = {"name": "-".join([kind, *values]), "topology": {"kind": kind, **dict(zip(names, numbers))}}
+            raise SpecError(f"{shown}: parameters must be whole numbers") from None
+        name = "-".join([kind, *values])
+        data = {"name": name, "topology": {"kind": kind, **dict(zip(names, numbers))}}
         source = argument
+        if not re.fullmatch(NAME_PATTERN, name):  # only numbers out of range make it so: say which
+            validate(LabSpec, {**data, "name": kind}, source)
     else:
         data, source = read_yaml(argument), argument
     for dotted, value in overrides.items():
@@ -42,6 +48,16 @@ def lab_from_argument(argument: str, **overrides) -> LabSpec:
         for key in parents:
             target = target.setdefault(key, {})
             if not isinstance(target, dict):
-                raise SpecError(f"{source}: {key}: expected a mapping")
+                raise SpecError(f"{display_path(source)}: {key}: expected a mapping")
         target[leaf] = value
     return validate(LabSpec, data, source)
+
+
+def _is_file(argument: str) -> bool:
+    """Whether a file of that name exists; a name the OS cannot even look up is no file."""
+    from pathlib import Path
+
+    try:
+        return Path(argument).exists()
+    except (OSError, ValueError):  # ENAMETOOLONG, a NUL
+        return False

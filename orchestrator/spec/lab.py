@@ -14,9 +14,11 @@ Only `name` and `topology` are required:
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Any, Literal, Union
+import re
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -28,13 +30,11 @@ from pydantic import (
 
 from orchestrator import units
 
-Name = Annotated[
-    str,
-    Field(
-        pattern=r"^[a-z0-9][a-z0-9-]{0,23}$",
-        description="lower-case letters, digits and '-', at most 24 characters",
-    ),
-]
+# Lab names become parts of directory and namespace names; the CLI checks every lab name it
+# is given against the same rule.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,23}$"
+NAME_RULE = "lower-case letters, digits and '-', at most 24 characters"
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description=NAME_RULE)]
 
 
 def _wrap(parser):
@@ -46,11 +46,87 @@ def _wrap(parser):
     return validate
 
 
-Rate = Annotated[int, BeforeValidator(_wrap(units.parse_rate)), PlainSerializer(units.format_rate)]
+# -- what the kernel and Docker take, through our code -----------------------------------------
+# Measured through emulation/kernel.py (pyroute2 0.9.7, Linux 6.18) unless said otherwise.
+# HTB: pyroute2 sends TCA_HTB_RATE64 from 2^32 bytes/s up, so the kernel takes up to 2^64-1
+# bytes/s (pyroute2 fails to pack beyond, ~2^67 bit/s; `tc` shows 0bit from 2^64 bit/s). The
+# floor comes from shape()'s burst of >= 67,050 bytes, which HTB holds as u32 ticks of 64 ns:
+# below 1,953 bit/s it no longer fits. We take a round 10kbit, and 1Tbit: the largest unit we
+# parse, measured to build and read back exactly, and >100x what a veth carried here (8.7 Gbit/s).
+MIN_RATE, MAX_RATE = 10_000, 10**12
+# netem: delay and jitter are u32 ticks of 64 ns, at most 274.9 s (measured: pyroute2 refuses
+# beyond). 60 s one way is already past TCP giving up on a connection (6 SYN retries, 127 s).
+MAX_NETEM_DELAY = 60.0
+# Queue in packets: pfifo's limit is an s32 in pyroute2, netem's limit and txqueuelen are u32;
+# a million is far beyond any sensible buffer. A full queue holds queue × mtu bytes per link
+# direction; 1 GiB of it is already an absurd buffer.
+MAX_QUEUE, MAX_QUEUE_BYTES = 1_000_000, 1 << 30
+# veth takes MTUs 68..65535 (measured); 576 is the datagram every IPv4 host must accept.
+MIN_MTU, MAX_MTU = 576, 65535
+# dockerd refuses memory limits under 6 MiB (linuxMinMemory); more than 1 TiB per emulated
+# server is a typo. Whether the host has it is checked at `up`, not here.
+MIN_MEMORY, MAX_MEMORY = 6 << 20, 1 << 40
+# CFS quota needs >= 1 ms per 100 ms period (Docker's --cpus minimum 0.01); dockerd refuses more
+# CPUs than the host has, which only `up` can know, so the schema only refuses nonsense.
+MIN_CPUS, MAX_CPUS = 0.01, 1024
+# TCP_CA_NAME_MAX is 16 bytes with the NUL (include/net/tcp.h).
+MAX_CONGESTION_NAME = 15
+# distribution/reference's grammar: [domain[:port]/]path-component[/...][:tag][@digest], path
+# components lower-case alphanumerics joined by '.', '_', '__' or dashes; names <= 255 chars.
+_IMAGE_DOMAIN = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = re.compile(
+    rf"(?P<name>(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*)"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
+    re.ASCII,
+)
+MAX_IMAGE_NAME = 255
+
+
+def _format_size(size: float) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g}{unit}"
+    return f"{size:g}B"
+
+
+def _format_seconds(seconds: float) -> str:
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+def _within(low: float, high: float, show: Callable[[Any], str], advice: str) -> AfterValidator:
+    """Refuse values outside [low, high] with the range and what to do, in the field's units."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"must lie between {show(low)} and {show(high)} (got {show(value)}): {advice}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _whole_microseconds(value: float) -> float:
+    # shape() hands netem whole microseconds: a smaller non-zero value would silently become 0.
+    if 0 < value < 1e-6:
+        raise ValueError(f"must be 0 or at least 1us (got {value * 1e9:g}ns): netem counts microseconds")
+    return value
+
+
+Rate = Annotated[
+    int,
+    BeforeValidator(_wrap(units.parse_rate)),
+    _within(MIN_RATE, MAX_RATE, units.format_rate, "the range HTB shapes here; write e.g. 100Mbit or 10Gbit"),
+    PlainSerializer(units.format_rate),
+]
 Seconds = Annotated[
     float,
     BeforeValidator(_wrap(units.parse_duration)),
     PlainSerializer(lambda s: f"{s * 1000:g}ms"),
+]
+NetemTime = Annotated[
+    Seconds,
+    _within(0.0, MAX_NETEM_DELAY, _format_seconds, "netem delays one link by at most that; e.g. 2ms"),
+    AfterValidator(_whole_microseconds),
 ]
 Bytes = Annotated[int, BeforeValidator(_wrap(units.parse_size))]
 Percent = Annotated[float, BeforeValidator(_wrap(units.parse_percent))]
@@ -131,11 +207,11 @@ class LinksSpec(_Strict):
     """Every fabric link, both directions. Delay, jitter and loss need sch_netem."""
 
     bandwidth: Rate = Field(default=1_000_000_000, description="e.g. 100Mbit, 1Gbit")
-    delay: Seconds = 0.0
-    jitter: Seconds = 0.0
+    delay: NetemTime = 0.0
+    jitter: NetemTime = 0.0
     loss: Percent = 0.0
-    queue: int = Field(strict=True, default=1000, ge=1, le=1_000_000, description="packets")
-    mtu: int = Field(strict=True, default=1500, ge=576, le=65535, description="bytes; 9000 for jumbo frames")
+    queue: int = Field(strict=True, default=1000, ge=1, le=MAX_QUEUE, description="packets, e.g. 1000")
+    mtu: int = Field(strict=True, default=1500, ge=MIN_MTU, le=MAX_MTU, description="bytes; 9000 for jumbo frames")
 
     @property
     def needs_netem(self) -> bool:
@@ -147,12 +223,33 @@ class LinksSpec(_Strict):
             raise ValueError("jitter must not exceed delay (netem draws delay ± jitter)")
         return self
 
+    @model_validator(mode="after")
+    def _queue_fits_memory(self) -> "LinksSpec":
+        if self.queue * self.mtu > MAX_QUEUE_BYTES:
+            raise ValueError(
+                f"queue {self.queue} × mtu {self.mtu} is more than the {_format_size(MAX_QUEUE_BYTES)} one "
+                f"full queue may hold: lower queue to at most {MAX_QUEUE_BYTES // self.mtu} at this mtu"
+            )
+        return self
+
 
 class ServersSpec(_Strict):
     runtime: Literal["docker", "netns"] = "docker"
     image: str = Field(default="testbed/server:latest", min_length=1)
     cpus: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="CPU share per server, e.g. 0.5"
+        default=None, ge=MIN_CPUS, le=MAX_CPUS, allow_inf_nan=False, description="CPU share per server, e.g. 0.5"
+    )
+    memory: Annotated[
+        Bytes | None,
+        _within(MIN_MEMORY, MAX_MEMORY, _format_size, "Docker needs at least 6MiB; e.g. 512M"),
+    ] = Field(default=None, description="memory limit per server, e.g. 512M")
+    # Pinned, not inherited: hosts differ (Debian defaults to cubic, some clouds to bbr), and
+    # on shaped links BBR's probing stalls single flows for ~100 ms, which a synchronous
+    # collective pays on every step (ring on star,8 at 200 Mbit: 0.82 × link with bbr, 0.95
+    # with cubic).
+    tcp_congestion: str = Field(
+        default="cubic", pattern=r"^[a-z0-9_]+$", max_length=MAX_CONGESTION_NAME,
+        description="TCP congestion control of the servers' data-plane connections, e.g. cubic, reno, bbr, dctcp",
     )
 
     @field_validator("cpus", mode="before")
@@ -161,15 +258,18 @@ class ServersSpec(_Strict):
         if isinstance(value, bool):
             raise ValueError("must be a number of CPUs, e.g. 0.5")
         return value
-    memory: Bytes | None = Field(default=None, description="memory limit per server, e.g. 512M")
-    # Pinned, not inherited: hosts differ (Debian defaults to cubic, some clouds to bbr), and
-    # on shaped links BBR's probing stalls single flows for ~100 ms, which a synchronous
-    # collective pays on every step (ring on star,8 at 200 Mbit: 0.82 × link with bbr, 0.95
-    # with cubic).
-    tcp_congestion: str = Field(
-        default="cubic", pattern=r"^[a-z0-9_]+$",
-        description="TCP congestion control of the servers' data-plane connections, e.g. cubic, reno, bbr, dctcp",
-    )
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, image: str) -> str:
+        # The length check first: the pattern then never sees a long string.
+        match = len(image) <= MAX_IMAGE_NAME + 200 and IMAGE_PATTERN.fullmatch(image)
+        if not match or len(match["name"]) > MAX_IMAGE_NAME:
+            raise ValueError(
+                f"{units.shown(image)} is not a Docker image reference: write "
+                "[registry/]repository[:tag] in lower case, e.g. testbed/server:latest"
+            )
+        return image
 
 
 class ManagementSpec(_Strict):

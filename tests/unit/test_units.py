@@ -291,3 +291,39 @@ def test_doctor_says_which_tcp_congestion_control_labs_use_and_what_the_host_has
     assert check.name == "tcp congestion" and "\n" not in check.detail
     assert check.detail.startswith("labs use cubic (servers.tcp_congestion)") and f"host default {host}" in check.detail
     assert check.ok == ("cubic" in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
+
+
+# -- hostile values: ValueError with a short message, never another exception --------------
+
+
+@pytest.mark.parametrize("parser", [units.parse_rate, units.parse_duration, units.parse_size, units.parse_percent])
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**400), 2**20_000, "9" * 400 + "T", "9" * 400, "x" * 1_000_000, "1\n" * 1000, [1] * 100_000],
+    ids=["int-400-digits", "negative-int", "int-6000-digits", "string-overflow", "string-400-digits",
+         "megabyte-string", "lines", "list"],
+)
+def test_hostile_values_raise_value_error_with_a_short_line(parser, value):
+    # Regression: an int beyond a float (a YAML number of 400 digits) raised OverflowError
+    # (a traceback), and every message quoted the whole value with !r.
+    with pytest.raises(ValueError) as caught:
+        parser(value)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 150, message[:300]
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("100Mbit", "'100Mbit'"), (1.5, "1.5"), (True, "True"), (None, "None"), ("a\nb", "'a\\nb'"),
+])
+def test_shown_is_the_repr_of_small_values(value, text):
+    assert units.shown(value) == text
+
+
+@pytest.mark.parametrize(
+    "value", ["x" * 1_000_000, 2**100_000, -(2**100_000), list(range(100_000)), {str(i): [i] * 100 for i in range(1000)},
+              "\u2028" * 1000, b"\x00" * 1000],
+    ids=["megabyte-string", "huge-int", "huge-negative-int", "long-list", "big-dict", "separators", "bytes"],
+)
+def test_shown_is_short_and_one_line_whatever_the_value(value):
+    text = units.shown(value)
+    assert len(text) <= 50 and text.isprintable(), text
