@@ -24,4 +24,4 @@ bench:
 
 clean:
 	test -x .venv/bin/testbed || ./setup.sh
-	.venv/bin/testbed clean
+	.venv/bin/testbed clean --all

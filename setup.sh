@@ -22,8 +22,9 @@ fi
 APT_PACKAGES=(
     python3 python3-venv python3-dev build-essential
     docker.io mininet iproute2 iptables ethtool iputils-ping fping iperf3 traceroute bridge-utils
-    util-linux procps psmisc kmod prometheus debootstrap ca-certificates
+    util-linux procps psmisc kmod prometheus debootstrap ca-certificates nftables
     qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    daemontools openssh-client
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.errors import TestbedError
+from orchestrator.errors import BadUsage, TestbedError
 
 app = typer.Typer(
     help="An emulated lab for distributed machine-learning networking research.",
@@ -34,13 +34,29 @@ LAB_HELP = "lab file (YAML) or a shorthand such as bcube,4,1 / fattree,8 / torus
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except typer.Abort:
+        err.print("interrupted")
+        sys.exit(130)
     except TestbedError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        # click's usage errors (typer ≥ 0.22 carries its own click): one line, like every
+        # other error, instead of a box of help
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "testbed"
+        if not exc.format_message():  # `testbed` alone: the help is already printed
+            sys.exit(exc.exit_code)
+        err.print(f"[bold red]error:[/] {command}: {exc.format_message()} (see --help)", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
 
 
 # -- topology ---------------------------------------------------------------------------------
@@ -60,6 +76,8 @@ def topology(
     from orchestrator.spec import lab_from_argument
     from orchestrator.topology.describe import summary, to_json
 
+    if png is not None and not png.parent.is_dir():
+        raise BadUsage(f"--png {png}: directory {png.parent} does not exist: create it or pick another path")
     spec = lab_from_argument(lab)
     topo = topo_lib.from_lab(spec)
     if route:
@@ -76,7 +94,10 @@ def topology(
     if png is not None:
         from orchestrator.topology.draw import draw
 
-        path = draw(topo, png)
+        try:
+            path = draw(topo, png)
+        except OSError as exc:
+            raise BadUsage(f"--png {png}: cannot write it: {exc.strerror or exc}") from None
         err.print(f"wrote {path}")
 
 
@@ -142,7 +163,7 @@ def up(
     out.print(
         f"lab [bold]{spec.name}[/] is up: {len(summary.servers)} servers ({spec.servers.runtime}), "
         f"{len(summary.switches)} switches, {len(summary.links)} links; management "
-        f"{built.plan.mgmt_subnet} on {built.plan.mgmt_bridge}",
+        f"{built.plan.mgmt_subnet} on {', '.join(built.plan.mgmt_bridges())}",
         highlight=False,
     )
 
@@ -156,23 +177,37 @@ def _progress() -> Progress:
 
 @app.command()
 def down(name: str = typer.Argument(..., help="lab name")) -> None:
-    """Remove a live lab completely."""
+    """Remove a live lab completely (a crashed build too)."""
     from orchestrator.emulation import Lab
 
-    Lab.attach(name).down()
+    Lab.attach(name, crashed_ok=True).down()
     out.print(f"lab {name} is down")
 
 
 @app.command()
-def clean(name: Optional[str] = typer.Argument(None, help="lab name; all labs when omitted")) -> None:
-    """Remove everything a lab (or every lab) left behind, even after a crash. Idempotent."""
+def clean(
+    name: Optional[str] = typer.Argument(None, help="lab name (exactly that lab)"),
+    every: bool = typer.Option(False, "--all", help="every lab, and orphans of testbed's naming"),
+) -> None:
+    """Remove everything a lab (or, with --all, every lab) left behind, even after a crash.
+    Idempotent. A lab another process is building is left alone."""
     from orchestrator.emulation import cleanup
 
-    removed = cleanup.clean_lab(name) if name else cleanup.clean_all()
+    if name is not None and every:
+        raise BadUsage("clean takes a lab name or --all, not both")
+    if name is None and not every:
+        raise BadUsage("clean needs a lab name (testbed ls lists them), or --all for every lab")
+    busy: list[str] = []
+    if every:
+        removed, busy = cleanup.clean_all()
+    else:
+        removed = cleanup.clean_lab(name)
     if removed:
         out.print("removed " + ", ".join(f"{count} {what}" for what, count in removed.items()))
     else:
         out.print("nothing to clean")
+    for lab in busy:
+        err.print(f"left lab {lab} alone: another process is building it")
 
 
 @app.command("ls")
@@ -183,10 +218,13 @@ def list_labs(as_json: bool = typer.Option(False, "--json")) -> None:
     rows = []
     for state in LabState.all():
         info, spec = state.state(), state.spec()
+        status = info.get("status", "building")
+        if state.crashed():
+            status = f"crashed — run testbed clean {state.name}"
         rows.append(
             {
                 "name": state.name,
-                "status": info.get("status"),
+                "status": status,
                 "topology": spec.get("topology"),
                 "runtime": info.get("runtime"),
                 "management": info.get("mgmt_subnet"),
@@ -271,6 +309,121 @@ def mininet_cli(name: str = typer.Argument(..., help="lab name")) -> None:
     finally:
         for node in net.values():
             node.terminate()
+
+
+# -- predict ----------------------------------------------------------------------------------
+@app.command()
+def predict(
+    lab: str = typer.Argument(..., help=LAB_HELP),
+    algorithm: str = typer.Option(..., "--algorithm", "-a", help="ring, mesh, ps, hips, bml, hdrm, …"),
+    size: str = typer.Option("25MB", help="gradient bytes, e.g. 25MB, 100M, 1G (binary multiples)"),
+    workers: Optional[int] = typer.Option(None, help="workers (default: every server); ps servers come after them"),
+    option: List[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE",
+                                     help="algorithm option, e.g. -o shards=4 -o colocated=true"),
+    partition_bytes: Optional[str] = typer.Option(None, help="ByteScheduler partitions of at most this size"),
+    credit_bytes: Optional[str] = typer.Option(None, help="bytes of partitions in flight per rank (default: all)"),
+    bandwidth: Optional[str] = typer.Option(None, help="override links.bandwidth, e.g. 100Mbit"),
+    latency: str = typer.Option("0us", help="α: per-message latency, e.g. 50us"),
+    efficiency: Optional[float] = typer.Option(None, help="payload share of a link (default: TCP's at the MTU, 0.956 at 1500)"),
+    top: int = typer.Option(8, help="busiest link directions to list"),
+    as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
+) -> None:
+    """Predict an allreduce's time on a lab from the schedule the agents would run (no root)."""
+    from orchestrator.agent.plan import chunk_bytes
+    from orchestrator.cost.report import parse_options, predict_lab, render
+    from orchestrator.spec import lab_from_argument
+    from orchestrator.units import parse_duration, parse_size
+
+    def parsed(flag: str, value: Optional[str], parse):
+        try:
+            return None if value is None else parse(value)
+        except ValueError as exc:
+            raise BadUsage(f"{flag}: {exc}") from None
+
+    spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
+    report = predict_lab(
+        spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
+        partition_bytes=parsed("--partition-bytes", partition_bytes, parse_size),
+        credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0, chunk_bytes=chunk_bytes,
+        efficiency=efficiency, latency=parsed("--latency", latency, parse_duration),
+    )
+    if as_json:
+        print(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
+    else:
+        out.print(render(report, top), highlight=False, markup=False, soft_wrap=True)
+
+
+# -- deploy -----------------------------------------------------------------------------------
+VIA_HELP = "nsenter (into each server, no SSH), ssh (over the management network, as on real machines), exec (no Ansible)"
+
+
+def _names(value: Optional[str]) -> Optional[List[str]]:
+    return [n for n in value.split(",") if n] if value else None
+
+
+def _roles(ps: Optional[str]) -> dict:
+    return {name: "ps" for name in _names(ps) or []}
+
+
+@app.command()
+def deploy(
+    name: str = typer.Argument(..., help="lab name"),
+    servers: Optional[str] = typer.Option(None, help="comma-separated servers (default: all)"),
+    via: str = typer.Option("nsenter", help=VIA_HELP),
+    ps: Optional[str] = typer.Option(None, help="comma-separated servers in the inventory's ps group"),
+) -> None:
+    """Deploy agents on a lab's servers with Ansible (playbooks/deploy.yml); waits for health."""
+    from orchestrator.deploy import deploy as deploy_agents
+    from orchestrator.emulation import Lab
+
+    lab = Lab.attach(name)
+    with _progress() as progress:
+        task = progress.add_task("deploying", total=None)
+
+        def report(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=stage[:60], completed=done, total=total or None)
+
+        deployment = deploy_agents(lab, _names(servers), _roles(ps), via=via, progress=report)
+    result = deployment.result
+    count = len(deployment.endpoints)
+    summary = f"{count} agent{'s' * (count != 1)} healthy on lab {name}"
+    if result is not None:
+        changed = sum(1 for count in result.changed.values() if count)
+        summary += f" ({changed} hosts changed, {result.seconds:.1f} s; log {result.stdout})"
+    out.print(summary, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def undeploy(
+    name: str = typer.Argument(..., help="lab name"),
+    servers: Optional[str] = typer.Option(None, help="comma-separated servers (default: all)"),
+    via: str = typer.Option("nsenter", help="nsenter (agents deployed with Ansible) or exec"),
+) -> None:
+    """Stop and remove a lab's agents (playbooks/undeploy.yml). Idempotent."""
+    from orchestrator.deploy import undeploy as undeploy_agents
+    from orchestrator.emulation import Lab
+
+    lab = Lab.attach(name)
+    with _progress() as progress:
+        task = progress.add_task("removing agents", total=None)
+        undeploy_agents(lab, _names(servers), via=via,
+                        progress=lambda stage, done, total: progress.update(task, description=stage[:60],
+                                                                            completed=done, total=total or None))
+    out.print(f"agents of lab {name} removed")
+
+
+@app.command()
+def inventory(
+    name: str = typer.Argument(..., help="lab name"),
+    fmt: str = typer.Option("yaml", "--format", help="ini, yaml or json"),
+    via: str = typer.Option("nsenter", help="how Ansible reaches the servers: nsenter or ssh"),
+    ps: Optional[str] = typer.Option(None, help="comma-separated servers in the ps group"),
+) -> None:
+    """Print an Ansible inventory of a live lab (use it from playbooks/, where ansible.cfg is)."""
+    from orchestrator.deploy import inventory_text
+    from orchestrator.emulation import Lab
+
+    print(inventory_text(Lab.attach(name), fmt, via, _roles(ps)), end="")
 
 
 # -- images -----------------------------------------------------------------------------------

@@ -6,14 +6,22 @@ it never shows a traceback for these.
 
     TestbedError                  base; exit code 1
     ├── SpecError                 a lab or experiment file is invalid (names the field); exit 2
+    ├── BadUsage                  a command's arguments do not fit together; exit 2
     ├── TopologyError             parameters that no topology or address plan can satisfy; exit 2
     ├── HostError                 this machine lacks something (root, a tool, a kernel feature)
-    │   └── MissingFeature        the lab asks for a kernel feature this kernel lacks; exit 3
+    │   ├── MissingFeature        the lab asks for a kernel feature this kernel lacks; exit 3
+    │   └── HostLimit             the lab needs more than a limit of this host (neighbour
+    │                             table, open files, memory); names it and the fix; exit 3
     ├── LabError                  about a lab's lifecycle
+    │   ├── BadLabName            a command names a lab by a name no lab can have; exit 2
     │   ├── LabExists             `up` of a lab whose name is already live
     │   ├── LabNotFound           a command names a lab that is not live
+    │   ├── LabBusy               another process is building or removing that lab
+    │   ├── LabCrashed            the process building that lab died: `testbed clean` it
     │   └── NodeNotFound          a command names a node the lab does not have
-    └── EmulationError            the kernel or Docker refused an operation while building
+    ├── Interrupted               a signal stopped a build, which was rolled back; exit 128+signal
+    ├── EmulationError            the kernel or Docker refused an operation while building
+    └── DeployError               deploying agents failed: names the host, the task and the log
 """
 
 from __future__ import annotations
@@ -28,6 +36,12 @@ class TestbedError(Exception):
 
 class SpecError(TestbedError):
     """A lab or experiment file is invalid; the message names the file and field."""
+
+    exit_code = 2
+
+
+class BadUsage(TestbedError):
+    """A command's arguments that cannot work together (the CLI's own checks)."""
 
     exit_code = 2
 
@@ -48,12 +62,33 @@ class MissingFeature(HostError):
     exit_code = 3
 
 
+class HostLimit(HostError):
+    """The lab needs more of a limit of this host than it allows (a sysctl, RLIMIT_NOFILE,
+    memory); the message names the limit and what to change."""
+
+    exit_code = 3
+
+
 class LabError(TestbedError):
     """About a lab's lifecycle (exists, not found)."""
 
 
+class BadLabName(LabError):
+    """A name that no lab can have (the lab file's rule): never turned into a path."""
+
+    exit_code = 2
+
+
 class LabExists(LabError):
     pass
+
+
+class LabBusy(LabError):
+    """Another process holds the lab's lock (a build in progress)."""
+
+
+class LabCrashed(LabError):
+    """The lab's build was cut short by a process that died; only `clean` applies."""
 
 
 class LabNotFound(LabError):
@@ -64,5 +99,18 @@ class NodeNotFound(LabError):
     pass
 
 
+class Interrupted(TestbedError):
+    """SIGINT, SIGTERM or SIGHUP arrived during a build; what was built has been removed."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 class EmulationError(TestbedError):
     """The kernel or Docker refused an operation while building or changing a lab."""
+
+
+class DeployError(TestbedError):
+    """Deploying or removing agents failed; the message names the host, the task that failed
+    and the path of Ansible's full log."""

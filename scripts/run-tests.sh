@@ -6,5 +6,5 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 .venv/bin/python -m pytest tests -rs -p no:cacheprovider "$@"
 rc=$?
 if [ $rc -eq 5 ]; then rc=0; fi
-.venv/bin/testbed clean >/dev/null 2>&1 || true
+.venv/bin/testbed clean --all >/dev/null 2>&1 || true
 exit $rc

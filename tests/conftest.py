@@ -63,11 +63,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def host_snapshot() -> dict:
-    """What a lab could leave on the host: namespaces, root links, containers, rules."""
+    """What a lab could leave on the host: namespaces, root links, containers, rules, and nft
+    tables (a lab's `inet testbed_<id>`; iptables-save does not show inet tables)."""
     from orchestrator.emulation import docker_engine, kernel
 
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout if shutil.which("iptables-save") else ""
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout if shutil.which("nft") else ""
     containers = []
     if docker_engine.engine_reachable():
         containers = sorted(c["name"] for c in docker_engine.lab_containers())
@@ -76,4 +78,5 @@ def host_snapshot() -> dict:
         "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
         "containers": containers,
         "rules": sorted(l for l in rules.splitlines() if l and not l.startswith(("#", ":"))),
+        "nft tables": sorted(tables.splitlines()),
     }

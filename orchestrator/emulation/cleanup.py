@@ -13,44 +13,80 @@ import signal
 import subprocess
 from collections import defaultdict
 
-from orchestrator.emulation import docker_engine, kernel
+from orchestrator.emulation import docker_engine, isolation, kernel
 from orchestrator.emulation.features import PROBE_PREFIX
-from orchestrator.emulation.journal import LabState, global_lock, lab_id
-from orchestrator.emulation.plan import NAMESPACE_PREFIX, link_group, namespace_name
-from orchestrator.errors import LabExists
+from orchestrator.emulation.interrupts import held_signals
+from orchestrator.emulation.journal import LabState, check_name, global_lock, lab_id, lab_lock
+from orchestrator.emulation.plan import NAMESPACE_PREFIX, link_group
+from orchestrator.errors import LabBusy, LabError, LabExists
 
-ROOT_LINK = re.compile(r"^tb[0-9a-f]{6}-(br|\d+)$")
+# a lab's root-namespace links (plan): management bridges `br` and `b<n>`, server ports `<rank>`
+ROOT_LINK = re.compile(r"^tb[0-9a-f]{6}-(br|b?\d+)$")
+_BRIDGE = re.compile(r"-(br|b\d+)$")
+
+
+def lab_of_namespace(namespace: str) -> str | None:
+    """The lab a `testbed-<lab>-<node>` namespace belongs to: node names never hold '-', so
+    `relq` and `relq-a` are told apart exactly (a prefix match took one for the other)."""
+    if not namespace.startswith(NAMESPACE_PREFIX) or "-" not in namespace[len(NAMESPACE_PREFIX):]:
+        return None
+    return namespace[len(NAMESPACE_PREFIX):].rsplit("-", 1)[0]
+
+
+def lab_namespaces(name: str) -> list[str]:
+    """The namespaces on this host that belong to lab `name`, and no other lab's."""
+    prefix = f"{NAMESPACE_PREFIX}{name}-"
+    return [ns for ns in kernel.list_namespaces(prefix) if lab_of_namespace(ns) == name]
 
 
 def refuse_leftovers(name: str) -> None:
     """Refuse to build over remains of a crashed lab of the same name."""
-    prefix = namespace_name(name, "")
-    if kernel.list_namespaces(prefix) or _lab_containers(name):
+    if lab_namespaces(name) or _lab_containers(name):
         raise LabExists(f"remains of an earlier lab {name!r} exist: run `testbed clean {name}` first")
 
 
 def clean_lab(name: str) -> dict[str, int]:
-    """Remove everything of lab `name` that exists; returns counts of what was removed."""
-    with global_lock():
+    """Remove everything of lab `name` (exactly that lab) that exists; returns counts of what
+    was removed. LabBusy if another process is building it. Signals wait until it is done."""
+    check_name(name)
+    with held_signals(), global_lock(), lab_lock(name):
         removed = _clean(name)
         if probes := sum(kernel.delete_namespace(ns) for ns in _orphaned_probes()):
             removed["namespaces"] = removed.get("namespaces", 0) + probes
         return removed
 
 
-def clean_all() -> dict[str, int]:
-    """Remove every lab testbed knows of, and orphans that carry its names or labels."""
+def clean_all() -> tuple[dict[str, int], list[str]]:
+    """Remove every lab testbed knows of, and orphans that carry its names or labels, except
+    labs another process is building right now. Returns (counts removed, labs left alone)."""
     totals: dict[str, int] = defaultdict(int)
-    with global_lock():
+    busy: list[str] = []
+    with held_signals(), global_lock():
         names = {state.name for state in LabState.all()}
-        names |= {c["lab"] for c in _lab_containers(None) if c["lab"]}
+        names |= {c["lab"] for c in _lab_containers(None) if c["lab"] and _valid(c["lab"])}
+        names |= {lab for ns in kernel.list_namespaces(NAMESPACE_PREFIX) if (lab := lab_of_namespace(ns)) and _valid(lab)}
         for name in sorted(names):
-            for key, count in _clean(name).items():
-                totals[key] += count
+            try:
+                with lab_lock(name):
+                    for key, count in _clean(name).items():
+                        totals[key] += count
+            except LabBusy:
+                busy.append(name)
         for ns in kernel.list_namespaces(NAMESPACE_PREFIX) + _orphaned_probes():
-            totals["namespaces"] += kernel.delete_namespace(ns)
-        totals["host links"] += _delete_root_links(lambda link: bool(ROOT_LINK.match(link)))
-    return {what: count for what, count in totals.items() if count}
+            if lab_of_namespace(ns) not in busy:
+                totals["namespaces"] += kernel.delete_namespace(ns)
+        spared = tuple(f"tb{lab_id(name)}-" for name in busy)
+        totals["host links"] += _delete_root_links(lambda link: bool(ROOT_LINK.match(link)) and not link.startswith(spared))
+        totals["nft tables"] += isolation.delete_root_tables(keep={isolation.root_table(lab_id(n)) for n in busy})
+    return {what: count for what, count in totals.items() if count}, busy
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name)
+    except LabError:
+        return False
+    return True
 
 
 def _clean(name: str) -> dict[str, int]:
@@ -68,17 +104,23 @@ def _clean(name: str) -> dict[str, int]:
         removed["rxe devices"] += result.returncode == 0
 
     lab_prefix = f"tb{lab_id(name)}-"
-    journal_links = {e.name for e in by_kind["host_link"]}
+    # journal names are checked against the lab's own naming too: a journal is a file on disk,
+    # and nothing outside the lab may be removed on its word
+    journal_links = {e.name for e in by_kind["host_link"] if e.name.startswith(f"tb{lab_id(name)}-")}
     removed["host links"] += _delete_root_links(
         lambda link: link in journal_links or (link.startswith(lab_prefix) and bool(ROOT_LINK.match(link))),
         group=link_group(name),
     )
+    # the lab's firewall table (journalled as nft_table), by the lab's own name only, like
+    # its links: that is the journal's name, and it finds the table of a lost journal too
+    removed["nft tables"] += isolation.delete_root_table(isolation.root_table(lab_id(name)))
 
-    containers = {e.name for e in by_kind["container"]} | {c["name"] for c in _lab_containers(name)}
+    containers = {e.name for e in by_kind["container"] if lab_of_namespace(e.name) == name}
+    containers |= {c["name"] for c in _lab_containers(name)}
     if containers:
         removed["containers"] += docker_engine.remove_containers(sorted(containers))
 
-    namespaces = {e.name for e in by_kind["netns"]} | set(kernel.list_namespaces(namespace_name(name, "")))
+    namespaces = {e.name for e in by_kind["netns"] if lab_of_namespace(e.name) == name} | set(lab_namespaces(name))
     # whatever still runs inside the lab's namespaces (agents started between a fork and
     # its journal line, tools left by `testbed exec`) goes with them
     for pid in kernel.pids_in(sorted(namespaces)):
@@ -106,12 +148,11 @@ def _delete_root_links(match, group: int | None = None) -> int:
     """Delete root-namespace links whose name matches: the lab's netdev group in one batched
     call, then any straggler by name. Returns how many existed."""
     with kernel.Netlink() as nl:
-        present = [msg.get_attr("IFLA_IFNAME") for msg in nl[None].get_links()]
-        present = [name for name in present if match(name)]
+        present = [name for name in kernel.links_in(nl, None) if match(name)]
         if group is not None and present:
             kernel.delete_group(nl, None, group)
         # bridges last: deleting a port first keeps the bridge's own teardown trivial
-        for link in sorted(present, key=lambda n: n.endswith("-br")):
+        for link in sorted(present, key=lambda n: bool(_BRIDGE.search(n))):
             kernel.delete_link(nl, None, link)
         return len(present)
 

@@ -148,8 +148,12 @@ def run_containers(
             on_started(spec["name"], pid)
         return spec["name"], pid
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         return dict(pool.map(one, specs))
+    finally:
+        # on an error, containers not yet started are not started (the caller rolls back)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def remove_containers(names: Iterable[str], workers: int = 8) -> int:
@@ -216,11 +220,12 @@ def exec_in(name: str, command: list[str], stream: Callable[[bytes], None] | Non
     return code if code is not None else -1, output
 
 
-def exec_detached(name: str, command: list[str]) -> None:
-    """Start a long-running command in a container and return (`docker exec -d`)."""
+def exec_detached(name: str, command: list[str], environment: dict[str, str] | None = None) -> None:
+    """Start a long-running command in a container and return (`docker exec -d`).
+    `environment`: variables of that process alone (secrets stay off its command line)."""
     api = client().api
     try:
-        handle = api.exec_create(name, command)
+        handle = api.exec_create(name, command, environment=environment)
         api.exec_start(handle["Id"], detach=True)
     except (APIError, NotFound) as exc:
         raise EmulationError(f"exec in {name}: {getattr(exc, 'explanation', exc)}") from None

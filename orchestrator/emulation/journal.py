@@ -6,10 +6,17 @@ Layout (`TESTBED_STATE`, default /var/lib/testbed):
     labs/<name>/state.json     status (building | up), lab id, management plan, runtime
     labs/<name>/journal.jsonl  one line per object, written and fsync'd BEFORE it is made
     lock                       flock held while labs are created or removed
+    locks/<name>               flock held by the process building or removing that lab
 
 Because the journal is written first, a SIGKILL at any moment leaves at worst an entry for
 an object that does not exist yet; undoing is idempotent, so `testbed clean` removes
 everything that does exist. /var/lib rather than /run: containers survive a reboot.
+
+A lab's name is checked by the lab file's own rule before it becomes a path, and the path is
+checked to stay under the state root: `testbed clean /etc` or `clean ..` name no lab.
+A lab lock is taken only under the global lock and never waited for, so a build in progress
+is refused at once by `down`, `clean` and `exec`, and a lock file can be removed safely. A
+lab whose status is `building` while nobody holds its lock was built by a process that died.
 """
 
 from __future__ import annotations
@@ -19,17 +26,30 @@ import hashlib
 import json
 import os
 import shutil
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from orchestrator.errors import LabNotFound
+from orchestrator.errors import BadLabName, LabBusy, LabNotFound
+from orchestrator.spec.lab import NAME_PATTERN, NAME_RULE
 
 
 def state_root() -> Path:
     return Path(os.environ.get("TESTBED_STATE", "/var/lib/testbed"))
+
+
+def check_name(name: str) -> str:
+    """`name` if it is a valid lab name (the lab file's rule), else a one-line BadLabName."""
+    if name == "":
+        raise BadLabName("an empty lab name names no lab: give one (testbed ls lists them); "
+                         "`testbed clean --all` removes every lab")
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        shown = repr(name) if len(repr(name)) <= 40 else repr(name)[:37] + "...'"
+        raise BadLabName(f"lab name {shown} is not valid: {NAME_RULE} (testbed ls lists the labs)")
+    return name
 
 
 def lab_id(name: str) -> str:
@@ -37,22 +57,100 @@ def lab_id(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
+_global_depth = 0  # how deeply this process holds the global lock (it is re-entrant)
+
+
 @contextmanager
 def global_lock() -> Iterator[None]:
     """Serialise creation and removal of labs between testbed processes."""
+    global _global_depth
+    if _global_depth:
+        _global_depth += 1
+        try:
+            yield
+        finally:
+            _global_depth -= 1
+        return
     root = state_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        _global_depth = 1
         try:
             yield
         finally:
+            _global_depth = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_held: dict[str, int] = {}  # lab name → open lock file descriptor, held by this process
+
+
+@contextmanager
+def lab_lock(name: str) -> Iterator[None]:
+    """Hold lab `name`'s lock (take it under `global_lock`); LabBusy if another process holds
+    it. Re-entrant within one process: a build's rollback cleans under the build's lock."""
+    if name in _held:
+        yield
+        return
+    locks = state_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    path = _under(locks, check_name(name))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        pid = LabState(name).state().get("pid")
+        by = f" by process {pid}" if pid else ""
+        raise LabBusy(
+            f"lab {name!r} is being built{by}: wait for `testbed up` to finish, or interrupt it "
+            "(Ctrl-C rolls it back)"
+        ) from None
+    _held[name] = fd
+    try:
+        yield
+    finally:
+        del _held[name]
+        # A lock file may go only under the global lock, under which every taker opens it:
+        # otherwise one process could lock the unlinked file and another a new one.
+        with global_lock():
+            if not LabState(name).exists():
+                path.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def lab_locked(name: str) -> bool:
+    """Whether some process (this one included) holds lab `name`'s lock right now."""
+    if name in _held:
+        return True
+    path = state_root() / "locks" / check_name(name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _under(parent: Path, name: str) -> Path:
+    """parent/name, refused unless it stays directly under `parent` (no '..', no absolute
+    name, no symlink out): the last line of defence before anything is removed."""
+    path = parent / name
+    resolved, base = path.resolve(), parent.resolve()
+    if resolved.parent != base or path.is_symlink():
+        raise BadLabName(f"lab name {name!r} does not stay under {base}: refused")
+    return path
 
 
 @dataclass
 class Entry:
-    kind: str  # netns | container | host_link | process
+    kind: str  # netns | container | host_link | process | rxe | nft_table
     name: str
     extra: dict
 
@@ -64,8 +162,8 @@ class LabState:
     """The state directory of one lab."""
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.dir = state_root() / "labs" / name
+        self.name = check_name(name)
+        self.dir = _under(state_root() / "labs", name)
 
     # -- existence ----------------------------------------------------------------------------
     @classmethod
@@ -73,7 +171,10 @@ class LabState:
         labs = state_root() / "labs"
         if not labs.is_dir():
             return []
-        return [cls(p.name) for p in sorted(labs.iterdir()) if p.is_dir()]
+        return [
+            cls(p.name) for p in sorted(labs.iterdir())
+            if p.is_dir() and not p.is_symlink() and re.fullmatch(NAME_PATTERN, p.name)
+        ]
 
     def exists(self) -> bool:
         return self.dir.is_dir()
@@ -91,7 +192,12 @@ class LabState:
         (self.dir / "journal.jsonl").touch()
 
     def remove(self) -> None:
+        _under(self.dir.parent, self.name)  # checked again right before removing anything
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def crashed(self) -> bool:
+        """Left `building` by a process that is gone (nobody holds the lab's lock)."""
+        return self.state().get("status") == "building" and not lab_locked(self.name)
 
     # -- files --------------------------------------------------------------------------------
     def _write_json(self, filename: str, data: dict) -> None:
@@ -103,12 +209,16 @@ class LabState:
         tmp.replace(self.dir / filename)
 
     def spec(self) -> dict:
-        return json.loads((self.dir / "spec.json").read_text())
+        """The lab's spec, or {} if a build died before writing it."""
+        return self._read_json("spec.json")
 
     def state(self) -> dict:
+        return self._read_json("state.json")
+
+    def _read_json(self, filename: str) -> dict:
         try:
-            return json.loads((self.dir / "state.json").read_text())
-        except FileNotFoundError:
+            return json.loads((self.dir / filename).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
     def write_state(self, state: dict) -> None:

@@ -6,8 +6,9 @@
 
 Bring-up order: refuse what the kernel cannot do → state directory (under a lock) →
 namespaces and containers → veth links (created inside their namespaces) → bridges,
-addresses, shaping, routes → management network → soft-RoCE. Every object is journalled
-before it is made; any failure undoes what exists, and `testbed clean` undoes a crash.
+addresses, shaping, routes → management network → its isolation → soft-RoCE. Every object
+is journalled before it is made; any failure undoes what exists, and `testbed clean` undoes
+a crash.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import ipaddress
 import os
 import subprocess
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from orchestrator.emulation import cleanup, docker_engine, features, images, kernel
-from orchestrator.emulation.journal import Entry, LabState, global_lock
+from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel
+from orchestrator.emulation.interrupts import held_signals
+from orchestrator.emulation.journal import Entry, LabState, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, LabPlan, choose_mgmt_subnet
-from orchestrator.errors import EmulationError, LabExists, NodeNotFound
+from orchestrator.errors import EmulationError, LabBusy, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Topology, from_lab
 from orchestrator.topology.model import BRIDGE
@@ -55,32 +58,48 @@ class Lab:
     def up(cls, spec: LabSpec, progress: Progress = _quiet) -> "Lab":
         features.require(spec)  # refuse before anything is built
         topology = from_lab(spec)
+        capacity.require(spec, topology)  # and what this host cannot hold (raises RLIMIT_NOFILE's soft limit)
         if spec.servers.runtime == "docker":
             docker_engine.client()
             images.ensure(spec.servers.image, lambda line: progress(f"image: {line}", 0, 0))
-        with global_lock():
-            state = LabState(spec.name)
-            if state.exists():
-                raise LabExists(f"lab {spec.name!r} is already live: `testbed down {spec.name}` first")
-            cleanup.refuse_leftovers(spec.name)
-            plan = LabPlan(spec.name, topology, spec.servers.runtime, _mgmt_subnet(spec, topology))
-            state.create(
-                spec.model_dump(mode="json"),
-                {"status": "building", "pid": os.getpid(), "id": plan.id,
-                 "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet)},
-            )
-        lab = cls(spec, plan, state)
-        try:
-            _Builder(lab, progress).build()
-        except BaseException:
-            cleanup.clean_lab(spec.name)
-            raise
-        state.update_state(status="up", pid=None)
+        # Signals are held from here on: a build is rolled back whenever one arrives, and the
+        # lab's lock, taken with its state directory, is held until it is up or undone.
+        with held_signals() as signals, ExitStack() as holding:
+            with global_lock():
+                holding.enter_context(lab_lock(spec.name))
+                state = LabState(spec.name)
+                if state.exists():
+                    if state.state().get("status", "building") == "building":  # we hold its lock
+                        raise LabExists(f"an earlier build of lab {spec.name!r} crashed: "
+                                        f"run `testbed clean {spec.name}` first")
+                    raise LabExists(f"lab {spec.name!r} is already live: `testbed down {spec.name}` first")
+                cleanup.refuse_leftovers(spec.name)
+                plan = LabPlan(spec.name, topology, spec.servers.runtime, _mgmt_subnet(spec, topology))
+                state.create(
+                    spec.model_dump(mode="json"),
+                    {"status": "building", "pid": os.getpid(), "id": plan.id,
+                     "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet)},
+                )
+            lab = cls(spec, plan, state)
+            try:
+                _Builder(lab, progress, signals.check).build()
+                signals.check()  # a signal during the last step still undoes the lab
+                state.update_state(status="up", pid=None)
+            except BaseException:
+                cleanup.clean_lab(spec.name)
+                raise
         return lab
 
     @classmethod
-    def attach(cls, name: str) -> "Lab":
+    def attach(cls, name: str, crashed_ok: bool = False) -> "Lab":
+        """The live lab `name`. LabBusy while another process builds it; LabCrashed if its
+        builder died (only `down`, which cleans, passes `crashed_ok`)."""
         state = LabState(name).require()
+        if state.state().get("status", "building") == "building" or not state.spec():
+            if lab_locked(name):
+                raise LabBusy(f"lab {name!r} is being built: wait for `testbed up` to finish, or interrupt it")
+            if not crashed_ok:
+                raise LabCrashed(f"lab {name!r} crashed while being built: run `testbed clean {name}`")
         spec = LabSpec.model_validate(state.spec())
         info = state.state()
         topology = from_lab(spec)
@@ -212,40 +231,59 @@ class Lab:
 
 
 def _mgmt_subnet(spec: LabSpec, topology: Topology):
-    if spec.management.subnet != "auto":
-        return spec.management.subnet
-    taken = kernel.root_networks()
+    """The lab's management subnet: the one asked for, if it overlaps no network of this
+    host (a host route to it would be shadowed, or shadow ours); else the first free one."""
+    host = kernel.root_networks_on()
+    labs = []
     for other in LabState.all():
         subnet = other.state().get("mgmt_subnet")
-        if subnet:
-            taken.append(ipaddress.IPv4Network(subnet))
-    return choose_mgmt_subnet(len(topology.servers), taken)
+        if subnet and other.name != spec.name:
+            labs.append((ipaddress.IPv4Network(subnet), other.name))
+    wanted = spec.management.subnet
+    if wanted == "auto":
+        return choose_mgmt_subnet(len(topology.servers), [n for n, _ in host] + [n for n, _ in labs])
+    for network, device in host:
+        if wanted.overlaps(network):
+            raise TopologyError(
+                f"management.subnet {wanted} overlaps {network} on {device or 'a route'} of this host: "
+                "choose a subnet outside every host network (ip -4 route), or 'auto'"
+            )
+    for network, name in labs:
+        if wanted.overlaps(network):
+            raise TopologyError(
+                f"management.subnet {wanted} overlaps {network}, the management network of lab {name}: "
+                "choose another subnet, or 'auto'"
+            )
+    return wanted
 
 
 class _Builder:
     """The steps of bring-up, each journalled before it acts."""
 
-    def __init__(self, lab: Lab, progress: Progress) -> None:
+    def __init__(self, lab: Lab, progress: Progress, checkpoint: Callable[[], None] = lambda: None) -> None:
         self.lab = lab
         self.plan = lab.plan
         self.spec = lab.spec
         self.topology = lab.topology
         self.progress = progress
+        self.checkpoint = checkpoint  # raises if the build must stop (a signal): safe points only
         self.nl = kernel.Netlink()
 
     def build(self) -> None:
+        steps = [self.nodes, self.open_netlink, self.sysctls, self.links, self.configure_nodes, self.management,
+                 self.isolate]
+        if self.spec.rdma == "softroce":
+            steps.append(self.softroce)
+        steps.append(self.settle)
         try:
-            self.nodes()
-            self.nl.open([None, *self.plan.namespaces.values()])
-            self.sysctls()
-            self.links()
-            self.configure_nodes()
-            self.management()
-            if self.spec.rdma == "softroce":
-                self.softroce()
-            self.settle()
+            for step in steps:
+                self.checkpoint()
+                step()
         finally:
             self.nl.close()
+
+    def open_netlink(self) -> None:
+        self.nl.open([None, *self.plan.namespaces.values()])
 
     def record(self, entries: list[Entry]) -> None:
         self.lab.state.record(entries)
@@ -281,6 +319,7 @@ class _Builder:
             kernel.attach_namespace(plan.namespaces[by_container[container]], pid)
             started[0] += 1
             self.progress("containers", started[0], total)
+            self.checkpoint()  # in a starter thread: stops the containers not yet started
 
         docker_engine.run_containers(specs, on_started=attached)
 
@@ -301,7 +340,8 @@ class _Builder:
                             mtu=mtu, gso_bytes=gso)
             kernel.set_up(nl, ns[link.b.node], link.b.interface)
 
-        kernel.in_workers(self.topology.links, make, lambda done, total: self.progress("links", done, total))
+        kernel.in_workers(self.topology.links, make, lambda done, total: self.progress("links", done, total),
+                          checkpoint=self.checkpoint)
 
     def configure_nodes(self) -> None:
         """Per node, in its own namespace: bridge and ports, addresses, shaping of its link
@@ -328,22 +368,39 @@ class _Builder:
                 kernel.add_route(nl, space, route.prefix, [(h.dev, h.via) for h in route.nexthops], congestion=congestion)
 
         kernel.in_workers(
-            list(self.topology.nodes), configure, lambda done, total: self.progress("configuring nodes", done, total)
+            list(self.topology.nodes), configure, lambda done, total: self.progress("configuring nodes", done, total),
+            checkpoint=self.checkpoint,
         )
 
     def management(self) -> None:
-        plan, nl = self.plan, self.nl
+        """The root namespace's side as the plan lays it out (bridges with isolated ports, the
+        gateway on each, routes to the servers of all but the first), every root link in the
+        lab's netdev group; then each server's mgmt0. Both sides get permanent ARP entries."""
+        plan, nl, group = self.plan, self.nl, self.plan.link_group
+        gateway, gateway_mac = plan.mgmt_gateway, plan.mgmt_gateway_mac
         self.record([Entry("host_link", name, {}) for name in plan.root_links()])
-        kernel.add_bridge(nl, None, plan.mgmt_bridge, group=plan.link_group)
+        for bridge in plan.mgmt_bridges():
+            kernel.add_bridge(nl, None, bridge, group=group, mac=gateway_mac)
         nl.refresh(None)
-        kernel.add_address(nl, None, plan.mgmt_bridge, plan.mgmt_gateway)
-        for server, (host_if, address) in plan.mgmt.items():
-            ns = plan.namespaces[server]
-            kernel.add_veth(nl, None, host_if, ns, MGMT_IF, 1000, group=plan.link_group)
-            kernel.enslave(nl, None, host_if, plan.mgmt_bridge, isolated=True)
+        kernel.add_address(nl, None, plan.mgmt_bridge, gateway)
+        for bridge in plan.mgmt_bridges()[1:]:  # the gateway again, without the subnet's route
+            kernel.add_address(nl, None, bridge, ipaddress.IPv4Interface(gateway.ip))
+        for block, bridge in plan.mgmt_routes:
+            kernel.add_route(nl, None, block, [(bridge, None)], source=gateway.ip)
+
+        def attach(nl: kernel.Netlink, server: str) -> None:
+            host_if, address = plan.mgmt[server]
+            ns, mac, bridge = plan.namespaces[server], plan.mgmt_macs[server], plan.mgmt_master[server]
+            kernel.add_veth(nl, None, host_if, ns, MGMT_IF, 1000, group=group, master=bridge, peer_mac=mac)
+            kernel.isolate_port(nl, None, host_if)
+            kernel.add_neighbour(nl, None, bridge, address.ip, mac)
             kernel.set_up(nl, ns, MGMT_IF)
             kernel.add_address(nl, ns, MGMT_IF, address)
-        self.progress("management", 1, 1)
+            kernel.add_neighbour(nl, ns, MGMT_IF, gateway.ip, gateway_mac)
+
+        # seven requests a server, ~1 ms of pyroute2 each: spread over the cores
+        kernel.in_workers(list(plan.mgmt), attach, lambda done, total: self.progress("management", done, total),
+                          checkpoint=self.checkpoint)
 
     def settle(self, timeout: float = 10.0) -> None:
         """Wait until every lab interface is operationally up.
@@ -388,3 +445,9 @@ class _Builder:
             if result.returncode != 0:
                 raise EmulationError(f"soft-RoCE on {netdev}: {result.stderr.strip() or 'rdma link add failed'}")
         self.progress("soft-RoCE", len(commands), len(commands))
+
+    def isolate(self) -> None:
+        """Servers reach neither each other nor the host over management (see isolation)."""
+        self.record([isolation.journal_entry(self.plan)])
+        isolation.apply(self.plan)
+        self.progress("isolation", 1, 1)
