@@ -1,0 +1,143 @@
+"""The prediction for one allreduce: time, algbw/busbw, and the bytes on every link."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import Partition, partitions
+from orchestrator.collectives.schedule import Schedule
+from orchestrator.cost.network import Network
+from orchestrator.cost.routes import Routes
+from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, simulate
+from orchestrator.topology import Topology
+
+Schedules = Sequence[tuple[Partition, Schedule]]
+
+
+@dataclass(frozen=True)
+class LinkLoad:
+    link: str  # "a→b": one direction of one link
+    bytes: float  # payload bytes it carries per allreduce
+    utilisation: float  # of its payload rate over the allreduce
+
+
+@dataclass(frozen=True)
+class Prediction:
+    algorithm: str
+    seconds: float  # per allreduce
+    size_bytes: int
+    workers: int
+    network: Network
+    links: tuple[LinkLoad, ...]  # every link direction that carries bytes, most first
+    events: int  # how many times the simulation re-shared bandwidth
+
+    @property
+    def algbw(self) -> float:
+        """Bytes per second, NCCL-tests' definition: S / t."""
+        return self.size_bytes / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def busbw(self) -> float:
+        """algbw × 2(n−1)/n (allreduce), comparable with a link's rate."""
+        n = self.workers
+        return self.algbw * 2 * (n - 1) / n if n > 1 else 0.0
+
+    @property
+    def link_bytes(self) -> dict[str, float]:
+        return {load.link: load.bytes for load in self.links}
+
+    def bottlenecks(self, tolerance: float = 1e-6) -> list[LinkLoad]:
+        """The link directions carrying the most bytes (all of them, within `tolerance`)."""
+        if not self.links:
+            return []
+        top = self.links[0].bytes
+        return [load for load in self.links if load.bytes >= top * (1 - tolerance)]
+
+    def to_json(self) -> dict:
+        return {
+            "algorithm": self.algorithm,
+            "seconds": self.seconds,
+            "size_bytes": self.size_bytes,
+            "workers": self.workers,
+            "algbw_bytes_per_s": self.algbw,
+            "busbw_bytes_per_s": self.busbw,
+            "network": asdict(self.network),
+            "bottlenecks": [asdict(load) for load in self.bottlenecks()],
+            "link_bytes": self.link_bytes,
+        }
+
+
+def predict_schedules(
+    topology: Topology,
+    schedules: Schedules,
+    nodes: Sequence[str],
+    network: Network,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    credit_bytes: int = 0,
+    itemsize: int = 4,
+    routes: Routes | None = None,
+) -> Prediction:
+    """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`."""
+    routes = routes or Routes(topology)
+    run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize)
+    size = sum(part.length for part, _ in schedules) * itemsize
+    workers = len(schedules[0][1].workers) if schedules else 0
+    algorithm = schedules[0][1].algorithm if schedules else "none"
+    capacity = network.payload_rate * run.seconds
+    loads = sorted(
+        (LinkLoad(str(routes.directions[i]), b, b / capacity if capacity > 0 else 0.0)
+         for i, b in enumerate(run.link_bytes) if b > 0),
+        key=lambda load: (-load.bytes, load.link),
+    )
+    return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events)
+
+
+def build_schedules(
+    topology: Topology,
+    algorithm: str,
+    size_bytes: int,
+    workers: int | None = None,
+    options: dict | None = None,
+    partition_bytes: int | None = None,
+    itemsize: int = 4,
+) -> tuple[Schedules, list[str]]:
+    """The schedules the driver would build for a run over `topology`'s servers (workers
+    first, in server order, then parameter servers), and the server of every rank.
+    Raises ValueError for an unknown algorithm, options it refuses, or too few servers."""
+    servers = [s.name for s in topology.servers]
+    workers = len(servers) if workers is None else workers
+    if not 1 <= workers <= len(servers):
+        raise ValueError(f"workers must lie between 1 and the {len(servers)} servers, got {workers}")
+    ctx = Context(workers, topology, tuple(servers), dict(options or {}))
+    elements = max(1, size_bytes // itemsize)
+    schedules = registry.schedules(algorithm, ctx, elements, partitions([elements], partition_bytes, itemsize))
+    ranks = schedules[0][1].ranks if schedules else workers
+    if ranks > len(servers):
+        raise ValueError(f"{algorithm} with {workers} workers needs {ranks} servers (workers and parameter "
+                         f"servers); this {topology.kind} has {len(servers)}: pass fewer workers or other options")
+    return schedules, servers[:ranks]
+
+
+def predict(
+    topology: Topology,
+    algorithm: str,
+    size_bytes: int,
+    network: Network,
+    workers: int | None = None,
+    options: dict | None = None,
+    partition_bytes: int | None = None,
+    credit_bytes: int = 0,
+    chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
+    itemsize: int = 4,
+) -> Prediction:
+    """Predict `algorithm` allreducing `size_bytes` over the servers of `topology`.
+
+    `chunk_bytes` is the agents' message size, or a function of (schedules, credit_bytes)
+    giving it (the driver's: `agent.plan.chunk_bytes`)."""
+    schedules, nodes = build_schedules(topology, algorithm, size_bytes, workers, options, partition_bytes, itemsize)
+    if callable(chunk_bytes):
+        chunk_bytes = chunk_bytes(schedules, credit_bytes)
+    return predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize)

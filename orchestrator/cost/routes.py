@@ -1,0 +1,122 @@
+"""Where a transfer's bytes go: the link directions its connection crosses, as the lab's
+routing tables send it.
+
+A transfer leaves `src` towards the peer's address on the NIC the schedule names (as the
+agents pick it: `runner.lab_agents.nic_addresses`, mirrored in `NIC_ADDRESSES` below and
+checked against it by the unit tests; that module imports emulation, which the model may
+not). From there the routing tables decide, hop by hop: BCube servers relay by digit
+correction, the torus routes by dimension order, Fat-Tree, BiGraph and leaf-spine routers
+spread over equal-cost next hops.
+
+ECMP: the kernel hashes each connection onto one next hop; which one depends on ephemeral
+ports nobody can know in advance. The model takes the expectation instead: at every hop
+with e equal-cost next hops a connection sends 1/e of its bytes each way (a fixed split,
+like per-packet spraying). That predicts the mean load of every link and no hash
+collisions, which the measurement will show as the excess over the prediction.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Callable
+
+from orchestrator.topology import Topology
+
+Address = ipaddress.IPv4Address
+
+
+def _by_level(topology: Topology, node: str) -> dict[int, Address]:
+    """BCube: NIC l reaches a peer's address on its level-l NIC."""
+    return {i.level: i.address.ip for i in topology.node(node).data_nics() if i.level is not None}
+
+
+def _facing(topology: Topology, node: str) -> dict[int, Address]:
+    """Torus: a sender's +1 NIC (eth2d) lands on the neighbour's −1 NIC (eth2d+1) and back;
+    for k = 2 one NIC per dimension faces both ways."""
+    out = {}
+    for iface in topology.node(node).data_nics():
+        index = int(iface.name.rsplit("eth", 1)[1])
+        out[index if topology.params["k"] == 2 else index ^ 1] = iface.address.ip
+    return out
+
+
+# kind → the addresses of a server that each sender NIC index reaches (kinds not listed
+# have one NIC per server: every transfer goes to the primary address)
+NIC_ADDRESSES: dict[str, Callable[[Topology, str], dict[int, Address]]] = {
+    "bcube": _by_level,
+    "torus": _facing,
+}
+
+
+def target_address(topology: Topology, node: str, nic: int | None) -> Address:
+    """The address of `node` a transfer leaving by sender NIC `nic` is sent to."""
+    if nic is not None and topology.kind in NIC_ADDRESSES:
+        address = NIC_ADDRESSES[topology.kind](topology, node).get(nic)
+        if address is not None:
+            return address
+    return topology.address_of(node)
+
+
+@dataclass(frozen=True)
+class LinkDirection:
+    """One direction of one link: what the lab shapes, and what the model shares."""
+
+    src: str
+    dst: str
+
+    def __str__(self) -> str:
+        return f"{self.src}→{self.dst}"
+
+
+Usage = tuple[tuple[int, float], ...]  # (link direction index, share of the connection's bytes)
+
+
+class Routes:
+    """Link usage of connections over one topology, computed once per (source, address)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.directions: list[LinkDirection] = []
+        self._index: dict[tuple[str, str], int] = {}
+        for link in topology.links:
+            a, b = link.nodes()
+            for pair in ((a, b), (b, a)):
+                if pair in self._index:
+                    raise ValueError(f"two links join {a} and {b}: the model cannot tell them apart")
+                self._index[pair] = len(self.directions)
+                self.directions.append(LinkDirection(*pair))
+        self._usage: dict[tuple[str, Address], tuple[Usage, float]] = {}
+        self._addresses: dict[tuple[str, int | None], Address] = {}
+
+    def address(self, dst: str, nic: int | None = None) -> Address:
+        """The address of server `dst` a transfer leaving by `nic` goes to."""
+        key = (dst, nic)
+        if key not in self._addresses:
+            self._addresses[key] = target_address(self.topology, dst, nic)
+        return self._addresses[key]
+
+    def usage(self, src: str, dst: str, nic: int | None = None) -> tuple[Usage, float]:
+        """(link directions with the share of bytes each carries, mean hop count) of a
+        transfer from server `src` to server `dst` leaving by `nic`."""
+        if src == dst:
+            raise ValueError(f"a transfer from {src} to itself crosses no link")
+        address = self.address(dst, nic)
+        key = (src, address)
+        if key not in self._usage:
+            self._usage[key] = self._spread(src, address)
+        return self._usage[key]
+
+    def _spread(self, src: str, address: Address) -> tuple[Usage, float]:
+        shares: dict[int, float] = {}
+        hops = 0.0
+        for path in self.topology.layered_paths(src, address):
+            weight = 1.0
+            for name, crossing in path[:-1]:
+                if crossing == "l3":  # a routing decision: split over its equal-cost next hops
+                    weight /= len(self.topology.lookup(name, address))
+            for a, b in zip(path, path[1:]):
+                index = self._index[(a[0], b[0])]
+                shares[index] = shares.get(index, 0.0) + weight
+            hops += weight * (len(path) - 1)
+        return tuple(sorted(shares.items())), hops

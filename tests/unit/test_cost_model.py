@@ -1,0 +1,333 @@
+"""The cost model (orchestrator.cost): closed forms, hand-worked flows, every topology, the CLI.
+
+- REFERENCE.md §2's closed forms within 2 % (α = 0, efficiency 1), over generated sizes and
+  topology parameters: ring, mesh, PS (separate and colocated), halving-doubling, HiPS on
+  BCube and torus, BML, HDRM; the forms themselves against REFERENCE's printed numbers;
+- flows worked by hand: two flows share a link, one finishes, the survivor speeds up;
+  a forwarded range pipelines chunk by chunk (no barrier between steps); latencies;
+- routes: ECMP splits, the NIC a transfer names, byte conservation on every kind;
+- `testbed predict` as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.collectives.partition import Partition
+from orchestrator.collectives.schedule import Schedule, Transfer
+from orchestrator.cost import Network, predict, predict_schedules, tcp_efficiency
+from orchestrator.cost.closed_forms import closed_form
+from orchestrator.cost.predict import build_schedules
+from orchestrator.cost.ranges import Ranges
+from orchestrator.cost.routes import NIC_ADDRESSES, Routes
+from orchestrator.cost.simulate import simulate
+from tests.unit.conftest import make_topology
+
+RATE = 100e6  # bits/s
+IDEAL = Network(RATE, efficiency=1.0)  # what the closed forms count: bandwidth terms only
+SETTINGS = settings(max_examples=12, deadline=None)
+SIZES = st.integers(min_value=200_000, max_value=40_000_000)  # bytes
+
+
+def in_units(seconds: float, size: int, network: Network = IDEAL) -> float:
+    """A time in units of S/B."""
+    return seconds * network.payload_rate / size
+
+
+def check_form(topology, algorithm: str, size: int, expected: float | None = None, workers=None, options=None,
+               chunk_bytes: int = 512 * 1024) -> float:
+    """Predict, compare with the closed form (and with `expected`, REFERENCE's own figure)."""
+    prediction = predict(topology, algorithm, size, IDEAL, workers=workers, options=options, chunk_bytes=chunk_bytes)
+    schedules, _ = build_schedules(topology, algorithm, size, workers, options)
+    form = closed_form(schedules[0][1], topology)
+    assert form is not None, (algorithm, topology.kind)
+    if expected is not None:
+        assert form.factor == pytest.approx(expected, rel=1e-3), form.source
+    got = in_units(prediction.seconds, prediction.size_bytes)
+    assert got == pytest.approx(form.factor, rel=0.02), (algorithm, topology.kind, topology.params, size, form.source)
+    return got
+
+
+# -- closed forms ----------------------------------------------------------------------------
+@SETTINGS
+@given(size=SIZES, n=st.integers(2, 12))
+def test_ring_and_mesh_on_a_star_take_2_n_minus_1_over_n(size, n):
+    star = make_topology("star", servers=n)
+    check_form(star, "ring", size, 2 * (n - 1) / n)
+    check_form(star, "mesh", size, 2 * (n - 1) / n)
+
+
+@SETTINGS
+@given(size=SIZES, nk=st.sampled_from([(2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (5, 1)]))
+def test_on_bcube_ring_mesh_and_colocated_ps_match_the_hips_table(size, nk):
+    n, k = nk
+    h, servers = k + 1, n ** (k + 1)
+    bcube = make_topology("bcube", n=n, k=k)
+    check_form(bcube, "ring", size, 2 * (servers - 1) / servers)
+    check_form(bcube, "mesh", size, 2 * (n - 1) / n)  # relayed: every NIC carries (n−1)/n·w per phase
+    check_form(bcube, "ps", size, 2 * (n - 1) / n, options={"colocated": True})
+    check_form(bcube, "hips", size, 2 * (servers - 1) / (h * servers))
+    check_form(bcube, "bml", size, 2 * (servers - 1) / (h * servers))
+
+
+def test_hips_reproduces_the_seed_figures():
+    # REFERENCE: BCube HiPS 0.938 / 0.656 / 0.498 w/B for n = 4, h = 2 / 3 / 4 (h = 4 is 256 servers: left out)
+    for k, figure in ((1, 0.938), (2, 0.656)):
+        assert check_form(make_topology("bcube", n=4, k=k), "hips", 12_500_000) == pytest.approx(figure, abs=5e-4)
+
+
+@SETTINGS
+@given(size=SIZES, kd=st.sampled_from([(3, 1), (3, 2), (4, 1), (4, 2), (5, 2), (2, 2), (2, 3)]))
+def test_hips_on_a_torus_uses_both_ring_directions(size, kd):
+    k, d = kd
+    servers = k**d
+    expected = (servers - 1) / (d * servers) * (2 if k == 2 else 1)  # k = 2: one NIC faces both ways
+    check_form(make_topology("torus", k=k, d=d), "hips", size, expected)
+
+
+@SETTINGS
+@given(size=SIZES, kd=st.sampled_from([(3, 1), (3, 2), (5, 1), (5, 2), (4, 2), (6, 1)]))
+def test_flat_mesh_on_a_torus_follows_dimension_order_routes(size, kd):
+    k, d = kd
+    # odd k: (k²−1)/(4k) (HiPS table); even k: the lab routes ties +1, so k/4 + 1/2, not REFERENCE's k/4
+    expected = (k * k - 1) / (4 * k) if k % 2 else k / 4 + 0.5
+    check_form(make_topology("torus", k=k, d=d), "mesh", size, expected)
+
+
+@SETTINGS
+@given(size=SIZES, n=st.sampled_from([2, 4, 8, 16]))
+def test_halving_doubling_on_non_blocking_fabrics(size, n):
+    check_form(make_topology("star", servers=n), "halving-doubling", size, 2 * (n - 1) / n)
+    check_form(make_topology("fattree", k=4), "halving-doubling", size, 2 * 15 / 16)
+
+
+@SETTINGS
+@given(size=SIZES, nm=st.sampled_from([(4, 2), (8, 2), (8, 4), (4, 1), (8, 1)]))
+def test_hdrm_on_bigraph_keeps_one_flow_per_switch_link(size, nm):
+    n, m = nm
+    servers = n * m
+    check_form(make_topology("bigraph", switches=n, servers_per_switch=m), "hdrm", size, 2 * (servers - 1) / servers)
+
+
+@SETTINGS
+@given(size=SIZES, workers=st.integers(2, 12), shards=st.integers(1, 4))
+def test_ps_with_separate_servers_reaches_its_lower_bound(size, workers, shards):
+    star = make_topology("star", servers=workers + shards)
+    # a server pulls a message once every worker pushed it, so the pull trails the push by
+    # one message: with messages of 1/200 of a shard that costs ≤ 0.5 %
+    chunk = max(4, size // shards // 200)
+    check_form(star, "ps", size, max(1, workers / shards), workers=workers, options={"shards": shards}, chunk_bytes=chunk)
+
+
+def test_ps_separate_trails_its_bound_by_one_message_at_the_agents_message_size():
+    # 12 workers, 4 servers, 25 MiB: a shard is 6.25 MiB, 12.5 messages of 512 KiB: 3 × (1 + 1/12.5)
+    star = make_topology("star", servers=16)
+    prediction = predict(star, "ps", 25 * 2**20, IDEAL, workers=12, options={"shards": 4})
+    assert in_units(prediction.seconds, prediction.size_bytes) == pytest.approx(3 * (1 + 0.5 / 6.25), rel=1e-6)
+
+
+def test_forms_are_absent_where_the_schedule_breaks_their_assumption():
+    star = make_topology("star", servers=6)
+    schedules, _ = build_schedules(star, "halving-doubling", 10_000)
+    assert closed_form(schedules[0][1], star) is None  # 6 is no power of two
+    bigraph = make_topology("bigraph", switches=4, servers_per_switch=4)  # m > n/2: links shared
+    schedules, _ = build_schedules(bigraph, "hdrm", 10_000)
+    assert closed_form(schedules[0][1], bigraph) is None
+    schedules, _ = build_schedules(star, "tree", 10_000)
+    assert closed_form(schedules[0][1], star) is None
+
+
+# -- flows worked by hand --------------------------------------------------------------------
+def one_partition(schedule: Schedule) -> list[tuple[Partition, Schedule]]:
+    return [(Partition(0, schedule.size, 0), schedule)]
+
+
+def run(topology, schedule: Schedule, network: Network, chunk_bytes: int = 2**30):
+    nodes = [s.name for s in topology.servers]
+    return simulate(Routes(topology), one_partition(schedule), nodes, network, chunk_bytes)
+
+
+def test_two_flows_share_a_link_then_the_survivor_takes_all_of_it():
+    # h0 and h1 both send to h2 through sw→h2 (1000 B/s): 400 B and 1200 B at 500 B/s each;
+    # the first ends at 0.8 s having sent 400 B, the second has 800 B left at 1000 B/s
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 400)
+    schedule.add_step([Transfer(0, 2, 0, 100, "reduce"), Transfer(1, 2, 100, 300, "reduce")])
+    result = run(star, schedule, Network(8000, efficiency=1.0))
+    short, long = result.flows
+    assert short.finished == pytest.approx(0.8, rel=1e-12)
+    assert long.finished == pytest.approx(1.6, rel=1e-12)
+    assert result.seconds == pytest.approx(1.6, rel=1e-12)
+    loads = {str(result.routes.directions[i]): b for i, b in enumerate(result.link_bytes) if b}
+    assert loads == {"h0→sw": 400, "h1→sw": 1200, "sw→h2": 1600}
+
+
+def test_a_forwarded_range_pipelines_message_by_message():
+    # 0 → 1 in step 0, 1 → 2 the same 4000 B in step 1, 1000 B messages, 1000 B/s per link
+    # (disjoint links): 1 forwards message i as soon as it has it, so the second transfer
+    # ends one message after the first (5 s), not after it (8 s, a barrier between steps)
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 1000)
+    schedule.add_step([Transfer(0, 1, 0, 1000, "reduce")])
+    schedule.add_step([Transfer(1, 2, 0, 1000, "copy")])
+    result = run(star, schedule, Network(8000, efficiency=1.0), chunk_bytes=1000)
+    first, second = result.flows
+    assert (first.finished, second.finished) == (pytest.approx(4.0), pytest.approx(5.0))
+
+
+def test_a_later_step_waits_for_the_sends_of_the_earlier_one():
+    # rank 0 sends 1000 B to 1 in step 0 and 1000 B to 2 in step 1: the agents write a rank's
+    # steps in order, so the second starts when the first is written, though its range is ready
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 500)
+    schedule.add_step([Transfer(0, 1, 0, 250, "reduce")])
+    schedule.add_step([Transfer(0, 2, 250, 250, "reduce")])
+    result = run(star, schedule, Network(8000, efficiency=1.0))
+    assert [f.finished for f in result.flows] == [pytest.approx(1.0), pytest.approx(2.0)]
+
+
+def test_latency_and_link_delay_come_before_the_first_byte():
+    # α = 0.1 s, 0.05 s per link over h0→sw→h1: 0.2 s, then 4000 B at 1000 B/s
+    star = make_topology("star", servers=2)
+    schedule = Schedule("by-hand", 2, 1000)
+    schedule.add_step([Transfer(0, 1, 0, 1000, "reduce")])
+    result = run(star, schedule, Network(8000, efficiency=1.0, latency=0.1, delay=0.05))
+    assert result.seconds == pytest.approx(4.2)
+
+
+def test_ring_pays_alpha_per_step_and_efficiency_scales_bandwidth():
+    star = make_topology("star", servers=4)
+    size = 4_000_000
+    network = Network(RATE, efficiency=tcp_efficiency(1500), latency=1e-3)
+    prediction = predict(star, "ring", size, network)
+    expected = 2 * 3 / 4 * size / (RATE / 8 * tcp_efficiency(1500)) + 2 * 3 * 1e-3
+    assert prediction.seconds == pytest.approx(expected, rel=1e-6)
+
+
+def test_tcp_efficiency_is_what_iperf3_measured_through_htb():
+    assert tcp_efficiency(1500) == pytest.approx(0.956, abs=5e-4)  # REFERENCE §5: 95.6 % of 100 Mbit
+    assert tcp_efficiency(9000) > tcp_efficiency(1500)
+
+
+def test_partitions_in_flight_are_bounded_by_credit():
+    # a 4-rank ring in 8 partitions: one at a time (credit = one partition) gives 8 × the
+    # per-partition latency terms, all at once shares the links: both move the same bytes
+    star = make_topology("star", servers=4)
+    size = 8 * 2**20
+    slow = Network(RATE, efficiency=1.0, latency=0.01)
+    one = predict(star, "ring", size, slow, partition_bytes=2**20, credit_bytes=2**20)
+    every = predict(star, "ring", size, slow, partition_bytes=2**20)
+    assert one.link_bytes == pytest.approx(every.link_bytes)
+    bandwidth = 1.5 * size / slow.payload_rate
+    assert one.seconds == pytest.approx(bandwidth + 8 * 6 * 0.01, rel=1e-6)
+    assert every.seconds < one.seconds
+
+
+# -- routes ----------------------------------------------------------------------------------
+def test_ecmp_splits_a_connection_evenly_at_every_hop():
+    fattree = make_topology("fattree", k=4)
+    routes = Routes(fattree)
+    usage, hops = routes.usage("p0e0h0", "p1e0h0")  # across pods: 2 aggregations × 2 cores
+    shares = {str(routes.directions[i]): share for i, share in usage}
+    assert shares["p0e0h0→p0e0"] == 1 and shares["p1e0→p1e0h0"] == 1
+    assert sorted(v for k, v in shares.items() if k.startswith("p0e0→")) == [0.5, 0.5]
+    assert sorted(v for k, v in shares.items() if k.startswith("c")) == [0.25] * 4
+    assert hops == 6
+
+
+@pytest.mark.parametrize("kind, params", [("bcube", {"n": 3, "k": 1}), ("torus", {"k": 4, "d": 2}),
+                                          ("torus", {"k": 2, "d": 2})])
+def test_nic_addresses_mirror_the_agents_choice(kind, params):
+    from orchestrator.runner.lab_agents import nic_addresses
+
+    topology = make_topology(kind, **params)
+    for server in topology.servers:
+        theirs = {nic: address for nic, address in nic_addresses(topology, server.name).items()}
+        ours = {nic: str(address) for nic, address in NIC_ADDRESSES[kind](topology, server.name).items()}
+        assert ours == theirs
+
+
+def test_a_named_nic_takes_its_own_link():
+    bcube = make_topology("bcube", n=4, k=1)
+    routes = Routes(bcube)
+    # h00 and h01 share the level-0 switch; h00 and h10 the level-1 one
+    assert [str(routes.directions[i]) for i, _ in routes.usage("h00", "h01", 0)[0]] == ["h00→l0s0", "l0s0→h01"]
+    assert [str(routes.directions[i]) for i, _ in routes.usage("h00", "h10", 1)[0]] == ["h00→l1s0", "l1s0→h10"]
+
+
+EVERY_KIND = [
+    ("bcube", {"n": 3, "k": 1}, ["ring", "mesh", "hips", "bml", "tree"]),
+    ("fattree", {"k": 4}, ["ring", "mesh", "halving-doubling", "double-tree"]),
+    ("torus", {"k": 3, "d": 2}, ["ring", "mesh", "hips", "hierarchical"]),
+    ("bigraph", {"switches": 4, "servers_per_switch": 2}, ["ring", "hdrm", "flextree"]),
+    ("leafspine", {"leaves": 3, "spines": 2, "servers_per_leaf": 2}, ["ring", "mesh", "hierarchical"]),
+    ("star", {"servers": 5}, ["ring", "mesh", ("ps", 3, {"shards": 2}), "tree", "double-tree", "halving-doubling"]),
+]
+
+
+@pytest.mark.parametrize("kind, params, algorithms", EVERY_KIND, ids=[k for k, _, _ in EVERY_KIND])
+def test_predict_on_every_topology_kind_conserves_bytes(kind, params, algorithms):
+    topology = make_topology(kind, **params)
+    routes = Routes(topology)
+    for entry in algorithms:
+        algorithm, workers, options = entry if isinstance(entry, tuple) else (entry, None, None)
+        schedules, nodes = build_schedules(topology, algorithm, 3 * 2**20, workers, options)
+        prediction = predict_schedules(topology, schedules, nodes, IDEAL, routes=routes)
+        # every byte of every transfer crosses every link of its path(s): Σ link bytes = Σ bytes × hops
+        carried = sum(t.length * 4 * routes.usage(nodes[t.src], nodes[t.dst], t.nic)[1]
+                      for _, s in schedules for _, t in s.transfers())
+        assert sum(prediction.link_bytes.values()) == pytest.approx(carried), algorithm
+        assert prediction.seconds >= max(prediction.link_bytes.values()) / IDEAL.payload_rate * (1 - 1e-9)
+        assert prediction.bottlenecks() and prediction.busbw > 0
+
+
+def test_ranges_keep_the_latest_writers_and_the_sends_since():
+    ranges: Ranges[str] = Ranges()
+    ranges.put(0, 100, 0, "a")
+    ranges.put(50, 150, 1, "b")
+    ranges.put(50, 100, 1, "c")  # same step: joins b
+    assert sorted(ranges.touching(0, 200)) == [("a", 0, 50), ("b", 50, 150), ("c", 50, 100)]
+    ranges.clear(0, 60)
+    assert sorted(ranges.touching(0, 200)) == [("b", 60, 150), ("c", 60, 100)]
+    ranges.add(140, 160, "d")
+    assert sorted(ranges.touching(145, 155)) == [("b", 145, 150), ("d", 145, 155)]
+
+
+# -- the command -----------------------------------------------------------------------------
+def _testbed(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=120)
+
+
+def test_predict_command_prints_the_prediction_beside_the_closed_form():
+    result = _testbed("predict", "bcube,4,1", "-a", "hips", "--size", "12.5MB", "--bandwidth", "100Mbit", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    payload = 100e6 / 8 * tcp_efficiency(1500)
+    assert report["seconds"] == pytest.approx(0.9375 * 12.5 * 2**20 / payload, rel=1e-6)
+    assert report["closed_form"]["factor"] == pytest.approx(0.9375)
+    assert report["busbw_bytes_per_s"] == pytest.approx(report["algbw_bytes_per_s"] * 2 * 15 / 16)
+    assert len(report["bottlenecks"]) == 64 and report["bottlenecks"][0]["utilisation"] == pytest.approx(1.0)
+    text = _testbed("predict", "bcube,4,1", "-a", "ps", "--workers", "12", "-o", "shards=4", "--size", "25MB")
+    assert text.returncode == 0, text.stderr
+    assert "time per allreduce" in text.stdout and "closed form" in text.stdout and "h3" in text.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-a", "nope"], "unknown algorithm 'nope'"),
+    (["-a", "ring", "--size", "12XB"], "--size: unknown size unit"),
+    (["-a", "hips", "--size", "1MB", "--workers", "3"], "hips on bcube-4-1"),
+    (["-a", "ps", "-o", "shards"], "KEY=VALUE"),
+])
+def test_predict_command_refuses_bad_input_in_one_line(args, says):
+    result = _testbed("predict", "bcube,4,1", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
