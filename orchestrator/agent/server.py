@@ -1,8 +1,21 @@
 """`testbed-agent`: one process per server, a gRPC Control service on the management address
 and a gRPC Data service on the data-plane addresses.
 
-    testbed-agent --node h00 --control 198.18.0.2:7000 --data 10.0.0.1:7001,10.1.0.1:7001 \
-                  --metrics 198.18.0.2:9100
+    TESTBED_AGENT_TOKEN=… testbed-agent --node h00 --control 198.18.0.2:7000 \
+                  --data 10.0.0.1:7001,10.1.0.1:7001 --metrics 198.18.0.2:9100
+
+    testbed-agent --config /etc/testbed/agent/agent.json      # what a deployed agent runs
+
+Every Control call must carry the token given in TESTBED_AGENT_TOKEN, or in the file the
+config names (mode 0600: see agent/auth.py). Data stays open to any peer of the fabric: peers are other
+agents, which would all hold a lab-wide secret alike, and a Push is accepted only for the run
+Control configured.
+
+Beside Control, the Control address serves the standard `grpc.health.v1.Health` (Check and
+Watch; services "", "testbed.Control" and "testbed.Data") and server reflection, without a
+token: probes (grpc_health_probe, Kubernetes' gRPC probes, `grpcurl list`) carry none, and
+what they learn (that the agent is up, the names in testbed.proto) is public. SIGTERM (what
+a supervisor sends) turns every status NOT_SERVING, then stops the agent.
 
 The orchestrator configures a run (this rank's plan, its peers' addresses, the workload),
 starts it, polls status and collects per-iteration records; see orchestrator/runner.
@@ -15,8 +28,10 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import time
 import traceback
+from pathlib import Path
 
 # Before gRPC loads. Its EventEngine TCP endpoints hand every read and write between their own
 # threads and the caller's; iomgr's endpoints do the I/O on the polling thread. In a CPU-bound
@@ -26,9 +41,13 @@ os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_li
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from grpc_health.v1.health import aio as health_aio  # noqa: E402
+from grpc_reflection.v1alpha import reflection  # noqa: E402
 
 from orchestrator.agent import plan as plan_format  # noqa: E402
 from orchestrator.agent import workload as workloads  # noqa: E402
+from orchestrator.agent.auth import TOKEN_ENV, TokenCheck  # noqa: E402
 from orchestrator.agent.engine import Engine, channel_options, decode_chunk  # noqa: E402
 from orchestrator.agent.metrics import Metrics  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402
@@ -264,23 +283,55 @@ class DataService:
             return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
 
 
-async def serve(node: str, control: str, data: list[str], metrics_at: str | None, window_bytes: int = 0) -> None:
+CONTROL_SERVICE = pb.DESCRIPTOR.services_by_name["Control"].full_name  # testbed.Control
+DATA_SERVICE = pb.DESCRIPTOR.services_by_name["Data"].full_name  # testbed.Data
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name  # grpc.health.v1.Health
+# what a caller without the token may call: the probes' protocols
+OPEN_SERVICES = (HEALTH_SERVICE, reflection.SERVICE_NAME)
+
+
+class ControlAccess(TokenCheck):
+    """The token check, except for health and reflection (see the module's docstring)."""
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if details.method.lstrip("/").rsplit("/", 1)[0] in OPEN_SERVICES:
+            return await continuation(details)
+        return await super().intercept_service(continuation, details)
+
+
+async def serve(
+    node: str, control: str, data: list[str], metrics_at: str | None, token: str, window_bytes: int = 0
+) -> None:
     metrics = Metrics(node)
     if metrics_at:
         host, _, port = metrics_at.rpartition(":")
-        metrics.serve(host, int(port))
+        try:
+            metrics.serve(host, int(port))
+        except OSError as exc:
+            raise SystemExit(f"testbed-agent: cannot listen on {metrics_at} (metrics): {exc.strerror}") from None
     agent = Agent(node, metrics, window_bytes)
-    control_server = grpc.aio.server(options=channel_options())
+    health = health_aio.HealthServicer()  # "" is SERVING from the start: the process answers
+    for service in (CONTROL_SERVICE, DATA_SERVICE):
+        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    control_server = grpc.aio.server(options=channel_options(), interceptors=[ControlAccess(token)])
     pb_grpc.add_ControlServicer_to_server(ControlService(agent), control_server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, control_server)
+    reflection.enable_server_reflection((CONTROL_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), control_server)
     _bind(control_server, control)
     data_server = grpc.aio.server(options=channel_options(window_bytes))
     data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a supervisor's stop: health goes NOT_SERVING first
+        loop.add_signal_handler(signum, agent.stopping.set)
     await control_server.start()
     await data_server.start()
+    for service in (CONTROL_SERVICE, DATA_SERVICE):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"testbed-agent {node}: control {control}, data {','.join(data)}", flush=True)
     await agent.stopping.wait()
+    await health.enter_graceful_shutdown()
     await agent.stop()
     await asyncio.sleep(0.1)  # let the Shutdown reply leave
     await data_server.stop(0.5)
@@ -288,21 +339,66 @@ async def serve(node: str, control: str, data: list[str], metrics_at: str | None
 
 
 def _bind(server: grpc.aio.Server, address: str) -> None:
-    if server.add_insecure_port(address) == 0:
-        raise SystemExit(f"testbed-agent: cannot listen on {address}")
+    """Listen on `address`, or exit with one line (gRPC returns 0 or raises, by version)."""
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise SystemExit(f"testbed-agent: cannot listen on {address}: the address is missing or the port is taken")
+
+
+CONFIG_KEYS = {"node", "control", "data", "metrics", "window", "token", "token_file"}
+
+
+def _private(path: str) -> None:
+    if os.stat(path).st_mode & 0o077:
+        raise SystemExit(f"testbed-agent: {path} holds the Control token and must be private: chmod 600 {path}")
+
+
+def read_config(path: str) -> dict:
+    """A deployed agent's configuration: JSON with the options of the command line (`data` a
+    list or comma-separated) and the token, inline or in `token_file`; whichever file holds
+    the token must be private (0600). One line naming the file for anything wrong."""
+    try:
+        config = json.loads(Path(path).read_text())
+        if not isinstance(config, dict) or set(config) - CONFIG_KEYS:
+            raise ValueError(f"expected an object with keys among {', '.join(sorted(CONFIG_KEYS))}")
+        if "token" in config:
+            _private(path)
+        if "token_file" in config:
+            _private(config["token_file"])
+            config["token"] = Path(config.pop("token_file")).read_text().strip()
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"testbed-agent: cannot read {path}: {exc}") from None
+    if isinstance(config.get("data"), list):
+        config["data"] = ",".join(config["data"])
+    return config
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="testbed-agent", description=__doc__.splitlines()[0])
-    parser.add_argument("--node", required=True, help="this server's name in the lab")
-    parser.add_argument("--control", required=True, help="host:port on the management network")
-    parser.add_argument("--data", required=True, help="comma-separated host:port on data NICs")
+    parser.add_argument("--config", metavar="FILE", help="JSON: the options below, and token or token_file (0600)")
+    parser.add_argument("--node", help="this server's name in the lab")
+    parser.add_argument("--control", help="host:port on the management network")
+    parser.add_argument("--data", help="comma-separated host:port on data NICs")
     parser.add_argument("--metrics", help="host:port for Prometheus metrics (management network)")
-    parser.add_argument("--window", type=int, default=0, metavar="BYTES",
+    parser.add_argument("--window", type=int, metavar="BYTES",
                         help="HTTP/2 flow-control window of data streams (0: grow it by BDP probing)")
     args = parser.parse_args(argv)
+    config = read_config(args.config) if args.config else {}
+    options = {key: value for key, value in vars(args).items() if value is not None and key != "config"}
+    settings = config | options  # the command line wins over the file
+    missing = [f"--{key}" for key in ("node", "control", "data") if not settings.get(key)]
+    if missing:
+        parser.error(f"{', '.join(missing)} required (on the command line or in --config)")
+    token = os.environ.pop(TOKEN_ENV, "") or config.get("token", "")  # popped: nothing this agent runs inherits it
+    if not token:
+        raise SystemExit(f"testbed-agent: {TOKEN_ENV} is not set: Control answers only calls carrying a token; "
+                         "start agents with testbed (runner.lab_agents or runner.local), or set it")
     _tune_malloc()
-    asyncio.run(serve(args.node, args.control, args.data.split(","), args.metrics, args.window))
+    asyncio.run(serve(settings["node"], settings["control"], settings["data"].split(","), settings.get("metrics"),
+                      token, int(settings.get("window") or 0)))
 
 
 def _tune_malloc(arenas: int = 2, mmap_threshold: int = 32 * 2**20, trim_threshold: int = 64 * 2**20) -> None:

@@ -52,7 +52,7 @@ def base_recipe() -> str:
 
 def server_recipe() -> str:
     """Hash of the Dockerfile, its requirements and every file of the package."""
-    files = [SERVER_CONTEXT / "Dockerfile", SERVER_CONTEXT / "requirements.txt", PROJECT / "pyproject.toml"]
+    files = _context_files() + [PROJECT / "pyproject.toml"]
     files += sorted(p for p in (PROJECT / "orchestrator").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     return _hash(base_recipe().encode(), *(str(p.relative_to(PROJECT)).encode() + p.read_bytes() for p in files))
 
@@ -88,8 +88,8 @@ def build_server(progress: Progress) -> bool:
         return False
     with tempfile.TemporaryDirectory(prefix="testbed-image-") as tmp:
         context = Path(tmp)
-        shutil.copy(SERVER_CONTEXT / "Dockerfile", context)
-        shutil.copy(SERVER_CONTEXT / "requirements.txt", context)
+        for path in _context_files():
+            shutil.copy2(path, context)  # copy2: an entry point keeps its mode
         shutil.copytree(_agent_wheels(progress), context / "wheels")
         progress("building this project's wheel")
         _run(
@@ -100,6 +100,11 @@ def build_server(progress: Progress) -> bool:
         progress(f"docker build → {SERVER}")
         docker_engine.build_image(context, SERVER, {RECIPE_LABEL: recipe}, progress)
     return True
+
+
+def _context_files() -> list[Path]:
+    """The files of images/server/ (Dockerfile, requirements, the boot script; not README)."""
+    return sorted(p for p in SERVER_CONTEXT.iterdir() if p.is_file() and p.suffix != ".md")
 
 
 def _agent_wheels(progress: Progress) -> Path:

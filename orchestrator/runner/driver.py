@@ -1,11 +1,13 @@
 """Driving a run: build every rank's plan, configure all agents, start them, wait, collect.
 
 The orchestrator talks to agents only through their Control service (on the management
-network when in a lab); the agents move gradients among themselves over the data plane.
+network when in a lab), every call carrying the agent's token (agent/auth.py); the agents
+move gradients among themselves over the data plane.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import time
@@ -16,15 +18,19 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from orchestrator.agent import auth
 from orchestrator.agent.plan import build_rank_plans, chunk_bytes as default_chunk_bytes
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import partitions
+from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.errors import TestbedError
 
+CONTROL_SERVICE = "testbed.Control"  # its name in the standard health check
 BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message_length", 256 * 2**20)]
 
 
@@ -42,6 +48,40 @@ class Endpoint:
     data: str  # default host:port for data
     by_nic: dict = field(default_factory=dict)  # NIC index → host:port on that NIC's subnet
     role: str = "worker"
+    token: str = field(default="", repr=False)  # what its Control calls carry (kept out of logs)
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _Token(grpc.UnaryUnaryClientInterceptor):
+    """Puts an agent's token on every call of its channel."""
+
+    def __init__(self, token: str) -> None:
+        self.metadata = auth.metadata(token)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        with_token = _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self.metadata),
+                                  details.credentials, details.wait_for_ready, details.compression)
+        return continuation(with_token, request)
+
+
+def control_channel(endpoint: Endpoint) -> grpc.Channel:
+    """A channel to an agent's Control whose calls carry its token (if it has one)."""
+    channel = grpc.insecure_channel(endpoint.control, options=BIG)
+    return grpc.intercept_channel(channel, _Token(endpoint.token)) if endpoint.token else channel
+
+
+def _refused(exc: grpc.RpcError, endpoint: Endpoint) -> RunError | None:
+    """One line for a call the agent refused for its token, which no retry will change."""
+    if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+        return None
+    return RunError(f"agent of {endpoint.node} ({endpoint.control}) refused the orchestrator's token: it was started "
+                    "by another lab or run; stop it and start the lab's agents again")
 
 
 @dataclass
@@ -51,6 +91,9 @@ class RunResult:
     results: list[pb.RunResults]
     size_bytes: int
     wall_seconds: float
+    # the cost model's prediction of one allreduce of this run (time, bytes per link), when
+    # run() was told the lab's network: see _prediction
+    predicted: Prediction | None = None
 
     def gst(self) -> list[float]:
         """Per iteration, the synchronisation time of the slowest agent (parameter servers
@@ -86,7 +129,7 @@ def _control_stubs(endpoints: list[Endpoint]) -> Iterator[dict[str, pb_grpc.Cont
     """One Control channel per agent, by control address, closed on exit. A channel per call
     would open a TCP connection per status poll (20 a second per agent) while the agents
     are busy moving gradients."""
-    channels = {e.control: grpc.insecure_channel(e.control, options=BIG) for e in endpoints}
+    channels = {e.control: control_channel(e) for e in endpoints}
     try:
         yield {address: pb_grpc.ControlStub(channel) for address, channel in channels.items()}
     finally:
@@ -95,19 +138,29 @@ def _control_stubs(endpoints: list[Endpoint]) -> Iterator[dict[str, pb_grpc.Cont
 
 
 def wait_healthy(endpoints: list[Endpoint], timeout: float = 30.0) -> None:
+    """Wait until every agent answers the standard health check (grpc.health.v1, the service
+    testbed.Control SERVING: what probes and the playbooks ask, without a token), then make
+    one Control call with its token: an agent of another lab or run on that address is
+    refused in one line rather than used."""
     deadline = time.monotonic() + timeout
     for endpoint in endpoints:
         while True:
             # a fresh channel per try: a reused one would wait out gRPC's reconnect backoff
             # after the agent finally listens
             try:
-                with grpc.insecure_channel(endpoint.control, options=BIG) as channel:
-                    pb_grpc.ControlStub(channel).Health(pb.Empty(), timeout=2)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise RunError(f"agent of {endpoint.node} ({endpoint.control}) is not answering") from None
-                time.sleep(0.2)
+                with grpc.insecure_channel(endpoint.control) as channel:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=CONTROL_SERVICE), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    with control_channel(endpoint) as channel:
+                        pb_grpc.ControlStub(channel).Health(pb.Empty(), timeout=2)
+                    break
+            except grpc.RpcError as exc:
+                if refused := _refused(exc, endpoint):
+                    raise refused from None
+            if time.monotonic() > deadline:
+                raise RunError(f"agent of {endpoint.node} ({endpoint.control}) is not answering") from None
+            time.sleep(0.2)
 
 
 def run(
@@ -121,13 +174,15 @@ def run(
     credit_bytes: int = 0,
     chunk_bytes: int | None = None,
     timeout: float = 600.0,
+    network: Network | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
     `workloads` is one workload for all workers or one per worker (real workloads carry
     each worker's data shard). Endpoints with role "ps" are parameter servers.
     `chunk_bytes`: bytes per streamed message (default: by the schedule's fan-in, see
-    `plan.chunk_bytes`).
+    `plan.chunk_bytes`). `network`: the lab's links (`cost.Network.from_links(spec.links)`);
+    with it and `ctx.topology` the result carries the cost model's prediction.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -139,21 +194,27 @@ def run(
         raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
     plans = build_rank_plans(schedules, ranks)
     chunk_bytes = chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
+    predicted = _prediction(ctx, endpoints, schedules, network, chunk_bytes, credit_bytes)
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
 
     def configure(stub: pb_grpc.ControlStub, endpoint: Endpoint) -> None:
         spec = per_worker[endpoint.rank] if endpoint.role == "worker" else {"kind": "server"}
-        reply = stub.Configure(
-            pb.RunConfig(
-                run_id=run_id, rank=endpoint.rank, role=endpoint.role, peers=peers, algorithm=algorithm,
-                plan_json=plans[endpoint.rank], size=size, iterations=iterations,
-                workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
-                workers=len(workers),
-            ),
-            timeout=60,
-        )
+        try:
+            reply = stub.Configure(
+                pb.RunConfig(
+                    run_id=run_id, rank=endpoint.rank, role=endpoint.role, peers=peers, algorithm=algorithm,
+                    plan_json=plans[endpoint.rank], size=size, iterations=iterations,
+                    workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
+                    workers=len(workers),
+                ),
+                timeout=60,
+            )
+        except grpc.RpcError as exc:
+            if refused := _refused(exc, endpoint):
+                raise refused from None
+            raise
         if not reply.ok:
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
 
@@ -167,7 +228,25 @@ def run(
         _wait(endpoints, stubs, started + timeout)
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
-    return RunResult(run_id, algorithm, results, size * 4, wall)
+    return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
+
+
+def _prediction(ctx: Context, endpoints: list[Endpoint], schedules, network: Network | None, chunk_bytes: int,
+                credit_bytes: int) -> Prediction | None:
+    """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
+    servers; more with many partitions). Ranks sit on their endpoints' nodes when those are
+    the topology's servers (a lab), else on `ctx.nodes` or the servers in order (loopback
+    agents standing in for a lab)."""
+    if network is None or ctx.topology is None or not schedules:
+        return None
+    servers = ctx.topology.nodes
+    nodes = [e.node for e in sorted(endpoints, key=lambda e: e.rank)]
+    if not all(node in servers for node in nodes):
+        nodes = list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]
+    try:
+        return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes)
+    except ValueError as exc:  # more ranks than the topology has servers
+        raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
 
 
 LONG_POLL_SECONDS = 1.0

@@ -1,13 +1,17 @@
-"""Agents as local processes on loopback: for tests, benchmarks and quick experiments."""
+"""Agents as local processes on loopback: for tests, benchmarks and quick experiments.
+Each gets a random Control token of its own (see agent/auth.py), which its Endpoint carries."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+from orchestrator.agent.auth import TOKEN_ENV
 from orchestrator.runner.driver import Endpoint, shutdown, wait_healthy
 
 
@@ -33,15 +37,15 @@ def local_agents(
     endpoints, procs = [], []
     for rank in range(total):
         control, data = f"{host}:{ports[2 * rank]}", f"{host}:{ports[2 * rank + 1]}"
-        node = f"local{rank}"
+        node, token = f"local{rank}", secrets.token_urlsafe(32)
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.agent.server", "--node", node, "--control", control, "--data", data,
                  "--window", str(window_bytes)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {TOKEN_ENV: token},
             )
         )
-        endpoints.append(Endpoint(rank, node, control, data, role="worker" if rank < workers else "ps"))
+        endpoints.append(Endpoint(rank, node, control, data, role="worker" if rank < workers else "ps", token=token))
     try:
         wait_healthy(endpoints)
         yield endpoints

@@ -3,6 +3,8 @@ digits model trains to identical parameters under every algorithm."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator import topology
@@ -42,7 +44,7 @@ def test_every_algorithm_completes_with_exact_sums(agents, algorithm):
     ctx = _ctx(algorithm, workers)
     ranks = registry.builder(algorithm)(ctx, 10).ranks
     endpoints = [
-        driver.Endpoint(i, e.node, e.control, e.data, role="worker" if i < workers else "ps")
+        replace(e, rank=i, role="worker" if i < workers else "ps")
         for i, e in enumerate(agents[:ranks])
     ]
     result = driver.run(endpoints, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=2, ctx=ctx)
@@ -65,7 +67,7 @@ def test_back_to_back_runs_reduce_with_nothing_in_between(agents, algorithm):
     # buffer again, unrefilled (an agent that refilled it would fail its zero check), with
     # no emulated compute even if the workload asked for some; ps: 2 separate servers
     workers = 3
-    eps = [driver.Endpoint(i, e.node, e.control, e.data, role="worker" if i < workers else "ps")
+    eps = [replace(e, rank=i, role="worker" if i < workers else "ps")
            for i, e in enumerate(agents[:5 if algorithm == "ps" else workers])]
     spec = workloads.back_to_back(TENSORS) | {"compute_seconds": 5.0}
     result = driver.run(eps, algorithm, TENSORS, spec, iterations=4, ctx=_ctx(algorithm, workers))
@@ -94,7 +96,7 @@ def test_digits_trains_to_identical_parameters_under_every_algorithm(agents):
     for algorithm in ("ring", "mesh", "halving-doubling", "tree", "ps"):
         ctx = Context(workers, options={"shards": 2} if algorithm == "ps" else {})
         ranks = registry.builder(algorithm)(ctx, 10).ranks
-        eps = [driver.Endpoint(i, e.node, e.control, e.data, role="worker" if i < workers else "ps")
+        eps = [replace(e, rank=i, role="worker" if i < workers else "ps")
                for i, e in enumerate(agents[:ranks])]
         result = driver.run(eps, algorithm, tensors, specs, iterations=25, ctx=ctx)
         records = [r for r in result.records() if r["rank"] < workers]

@@ -1,0 +1,83 @@
+"""Agents onto a live lab's servers: Ansible (playbooks/) through ansible-runner.
+
+    from orchestrator.deploy import deploy, undeploy
+    deployment = deploy(lab)                    # every server, through nsenter; waits for health
+    driver.run(deployment.endpoints, "ring", …)
+    undeploy(lab)
+
+`via` picks a deployer of deployers.DEPLOYERS: "nsenter" (default), "ssh" (the same playbook
+over SSH, as on real machines), "exec" (no Ansible: the baseline). Deployed agents run under
+daemontools' supervise (restarted if they die); a netns lab's supervisors are journalled, a
+Docker lab's live in its containers, so `testbed down` and `testbed clean` stop them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.deploy.agents import endpoints
+from orchestrator.deploy.playbook import FORKS, PlaybookResult, Progress
+from orchestrator.errors import BadUsage
+from orchestrator.runner.driver import Endpoint, wait_healthy
+
+VIA = ("nsenter", "ssh", "exec")
+
+
+def _quiet(stage: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class Deployment:
+    endpoints: list[Endpoint]
+    result: PlaybookResult | None  # None for the exec deployer
+
+
+def _deployer(via: str):
+    from orchestrator.deploy.deployers import DEPLOYERS
+
+    try:
+        return DEPLOYERS[via]
+    except KeyError:
+        raise BadUsage(f"--via {via}: choose one of {', '.join(DEPLOYERS)}") from None
+
+
+def _servers(lab, servers: list[str] | None) -> list[str]:
+    names = servers or [s.name for s in lab.topology.servers]
+    for name in names:
+        lab.check_node(name)
+        if not lab.topology.nodes[name].is_server:
+            raise BadUsage(f"{name} is a switch of lab {lab.name}: agents run on servers")
+    return names
+
+
+def deploy(
+    lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter",
+    progress: Progress = _quiet, extravars: dict | None = None, timeout: float = 60.0, forks: int = FORKS,
+) -> Deployment:
+    """Deploy agents on `servers` (default: all) and wait until each answers the standard
+    health check and accepts its token; their endpoints in rank order. DeployError names the
+    first host and task that failed. `extravars` go to the playbook (agent_health_timeout,
+    agent_install=wheel with agent_wheel, testbed_strategy …); `forks`: Ansible's."""
+    names = _servers(lab, servers)
+    deployer = _deployer(via)
+    result = deployer.start(lab, names, progress, extravars, forks)
+    eps = endpoints(lab, names, roles)
+    wait_healthy(eps, timeout=timeout)
+    return Deployment(eps, result)
+
+
+def undeploy(lab, servers: list[str] | None = None, via: str = "nsenter", progress: Progress = _quiet) -> PlaybookResult | None:
+    """Stop and remove the agents of `servers` (default: all). Idempotent."""
+    return _deployer(via).stop(lab, _servers(lab, servers), progress)
+
+
+def inventory_text(lab, fmt: str = "yaml", via: str = "nsenter", roles: dict[str, str] | None = None) -> str:
+    """The lab's inventory as `testbed inventory` prints it (no token in it)."""
+    from orchestrator.deploy import inventory
+    from orchestrator.deploy.deployers import document
+
+    deployer = _deployer(via)
+    if not hasattr(deployer, "access"):
+        raise BadUsage(f"--via {via} deploys without Ansible and has no inventory: use nsenter or ssh")
+    return inventory.render(document(lab, deployer.access, roles), fmt)
