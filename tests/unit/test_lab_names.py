@@ -126,3 +126,14 @@ def test_a_building_lab_without_a_lock_holder_is_crashed(state_root):
     assert state.crashed()
     state.update_state(status="up")
     assert not state.crashed()
+
+
+def test_png_into_a_missing_directory_is_one_line_and_writes_nothing(tmp_path):
+    target = tmp_path / "missing" / "star.png"
+    result = _testbed("topology", "star,3", "--png", str(target))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "missing").exists() and result.stdout == ""
+    written = _testbed("topology", "star,3", "--png", str(tmp_path / "star.png"))
+    assert written.returncode == 0 and (tmp_path / "star.png").stat().st_size > 0
