@@ -137,3 +137,18 @@ def test_png_into_a_missing_directory_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "missing").exists() and result.stdout == ""
     written = _testbed("topology", "star,3", "--png", str(tmp_path / "star.png"))
     assert written.returncode == 0 and (tmp_path / "star.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("shorthand", ["bcube,3,2", "fattree,4", "torus,3,3", "bigraph,4,2", "leafspine,2,2,3", "star,5"])
+def test_node_names_never_hold_a_dash_so_namespaces_name_their_lab_exactly(shorthand):
+    from orchestrator import topology
+    from orchestrator.emulation.cleanup import lab_of_namespace
+    from orchestrator.emulation.plan import namespace_name
+    from orchestrator.spec import TOPOLOGY_KINDS, lab_from_argument
+
+    topo = topology.from_lab(lab_from_argument(shorthand))
+    assert shorthand.split(",")[0] in TOPOLOGY_KINDS
+    assert not [n for n in topo.nodes if "-" in n]
+    for lab in ("relq", "relq-a", "a-b-c"):
+        assert {lab_of_namespace(namespace_name(lab, n)) for n in topo.nodes} == {lab}
+    assert lab_of_namespace("testbed-nodash") is None and lab_of_namespace("other-x-h0") is None
