@@ -101,12 +101,7 @@ def lab_lock(name: str) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        pid = LabState(name).state().get("pid")
-        by = f" by process {pid}" if pid else ""
-        raise LabBusy(
-            f"lab {name!r} is being built{by}: wait for `testbed up` to finish, or interrupt it "
-            "(Ctrl-C rolls it back)"
-        ) from None
+        raise busy_error(name) from None
     _held[name] = fd
     try:
         yield
@@ -118,6 +113,16 @@ def lab_lock(name: str) -> Iterator[None]:
             if not LabState(name).exists():
                 path.unlink(missing_ok=True)
             os.close(fd)
+
+
+def busy_error(name: str) -> LabBusy:
+    """The one-line refusal of a command aimed at a lab another process is building."""
+    pid = LabState(name).state().get("pid")
+    by = f" by process {pid}" if pid else ""
+    return LabBusy(
+        f"lab {name!r} is being built{by}: wait for `testbed up` to finish, or interrupt it "
+        "(Ctrl-C rolls it back)"
+    )
 
 
 def lab_locked(name: str) -> bool:
@@ -195,9 +200,14 @@ class LabState:
         _under(self.dir.parent, self.name)  # checked again right before removing anything
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def building(self) -> bool:
+        """Not (yet) up: being built, or left half-built (a state file that was never
+        written counts as building: the build died first)."""
+        return self.state().get("status", "building") == "building"
+
     def crashed(self) -> bool:
-        """Left `building` by a process that is gone (nobody holds the lab's lock)."""
-        return self.state().get("status") == "building" and not lab_locked(self.name)
+        """Left building by a process that is gone (nobody holds the lab's lock)."""
+        return self.building() and not lab_locked(self.name)
 
     # -- files --------------------------------------------------------------------------------
     def _write_json(self, filename: str, data: dict) -> None:

@@ -23,9 +23,9 @@ from typing import Callable, Sequence
 
 from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel
 from orchestrator.emulation.interrupts import held_signals
-from orchestrator.emulation.journal import Entry, LabState, global_lock, lab_lock, lab_locked
+from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, LabPlan, choose_mgmt_subnet
-from orchestrator.errors import EmulationError, LabBusy, LabCrashed, LabExists, NodeNotFound, TopologyError
+from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Topology, from_lab
 from orchestrator.topology.model import BRIDGE
@@ -69,7 +69,7 @@ class Lab:
                 holding.enter_context(lab_lock(spec.name))
                 state = LabState(spec.name)
                 if state.exists():
-                    if state.state().get("status", "building") == "building":  # we hold its lock
+                    if state.building():  # and we hold its lock: its builder died
                         raise LabExists(f"an earlier build of lab {spec.name!r} crashed: "
                                         f"run `testbed clean {spec.name}` first")
                     raise LabExists(f"lab {spec.name!r} is already live: `testbed down {spec.name}` first")
@@ -95,9 +95,9 @@ class Lab:
         """The live lab `name`. LabBusy while another process builds it; LabCrashed if its
         builder died (only `down`, which cleans, passes `crashed_ok`)."""
         state = LabState(name).require()
-        if state.state().get("status", "building") == "building" or not state.spec():
+        if state.building() or not state.spec():
             if lab_locked(name):
-                raise LabBusy(f"lab {name!r} is being built: wait for `testbed up` to finish, or interrupt it")
+                raise busy_error(name)
             if not crashed_ok:
                 raise LabCrashed(f"lab {name!r} crashed while being built: run `testbed clean {name}`")
         spec = LabSpec.model_validate(state.spec())
