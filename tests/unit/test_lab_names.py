@@ -46,7 +46,7 @@ def _testbed(*args: str) -> subprocess.CompletedProcess:
 
 def hostile_names(tmp_path: Path) -> list[str]:
     return [str(tmp_path / "victim"), str(tmp_path), "..", "../..", "../../victim", "labs/../..", "a/b",
-            "/", ".", "UPPER", "-lead", "x" * 25, "name with space", "tab\tname", "\u00e9t\u00e9"]
+            str(tmp_path) + "/", ".", "UPPER", "-lead", "x" * 25, "name with space", "tab\tname", "\u00e9t\u00e9"]
 
 
 @pytest.mark.parametrize("command", ["clean", "down", "status", "exec", "cli"])
