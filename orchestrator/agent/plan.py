@@ -56,6 +56,7 @@ class Send:
     count: int
     copy: bool
     nic: int  # -1: any
+    share: float = 1.0  # of the link this transfer's connection may use (agent/pacing.py); 1: unpaced
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,22 @@ class PartitionPlan:
     steps: list[Step]
 
 
-def build_rank_plans(schedules, ranks: int) -> list[str]:
-    """JSON plans for ranks 0..ranks-1 from [(Partition, Schedule)] in priority order."""
+def build_rank_plans(schedules, ranks: int, shares: dict | None = None, link_rate: float = 0.0) -> list[str]:
+    """JSON plans for ranks 0..ranks-1 from [(Partition, Schedule)] in priority order.
+
+    `shares`: {(partition index, step, Transfer): share of the link} for transfers to pace
+    (cost.shares), `link_rate` the IP-level bytes per second of one link; a send with a
+    share under 1 carries it as a sixth field."""
+    shares = shares or {}
     plans: list[list[dict]] = [[] for _ in range(ranks)]
     for index, (part, schedule) in enumerate(schedules):
         per_rank: list[dict[int, dict]] = [{} for _ in range(ranks)]
         for step_no, transfer in schedule.transfers():
             send_step = per_rank[transfer.src].setdefault(step_no, {"step": step_no, "send": [], "recv": []})
-            send_step["send"].append(
-                [transfer.dst, transfer.offset, transfer.length, int(transfer.op == "copy"),
-                 -1 if transfer.nic is None else transfer.nic]
-            )
+            send = [transfer.dst, transfer.offset, transfer.length, int(transfer.op == "copy"),
+                    -1 if transfer.nic is None else transfer.nic]
+            share = shares.get((index, step_no, transfer), 1.0)
+            send_step["send"].append(send + [round(share, 6)] if share < 1 else send)
             recv_step = per_rank[transfer.dst].setdefault(step_no, {"step": step_no, "send": [], "recv": []})
             recv_step["recv"].append([transfer.src, transfer.offset, transfer.length])
         for rank in range(ranks):
@@ -99,7 +105,8 @@ def build_rank_plans(schedules, ranks: int) -> list[str]:
                 {"index": index, "offset": part.offset, "length": part.length, "priority": part.priority,
                  "steps": [per_rank[rank][s] for s in sorted(per_rank[rank])]}
             )
-    return [json.dumps({"partitions": p}, separators=(",", ":")) for p in plans]
+    pacing = {"link_bytes_per_second": link_rate} if link_rate and shares else {}
+    return [json.dumps({"partitions": p} | pacing, separators=(",", ":")) for p in plans]
 
 
 def parse(text: str) -> list[PartitionPlan]:
@@ -107,9 +114,14 @@ def parse(text: str) -> list[PartitionPlan]:
     return [
         PartitionPlan(
             p["index"], p["offset"], p["length"], p["priority"],
-            [Step(s["step"], [Send(d, o, c, bool(cp), nic) for d, o, c, cp, nic in s["send"]],
+            [Step(s["step"], [Send(d, o, c, bool(cp), nic, *share) for d, o, c, cp, nic, *share in s["send"]],
                   [Recv(src, o, c) for src, o, c in s["recv"]])
              for s in p["steps"]],
         )
         for p in data["partitions"]
     ]
+
+
+def link_rate(text: str) -> float:
+    """The IP-level bytes per second of one link a plan paces against (0: no pacing)."""
+    return float(json.loads(text).get("link_bytes_per_second", 0.0))

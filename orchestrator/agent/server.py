@@ -54,6 +54,9 @@ from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc  # noqa: E402
 
 
+MAX_START_WAIT = 5.0  # seconds; a start time further ahead means clocks that disagree
+
+
 class Agent:
     def __init__(self, node: str, metrics: Metrics, window_bytes: int = 0) -> None:
         self.node = node
@@ -87,7 +90,7 @@ class Agent:
         self.engine = Engine(
             config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
             config.chunk_bytes or plan_format.CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
-            self.window_bytes,
+            self.window_bytes, plan_format.link_rate(config.plan_json),
         )
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", 0
@@ -95,14 +98,14 @@ class Agent:
             self.ready.notify_all()
         self.metrics.rank.set(config.rank)
 
-    def start(self, run_id: str) -> None:
+    def start(self, run_id: str, start_at: float = 0.0) -> None:
         if self.config is None or self.config.run_id != run_id:
             raise RuntimeError(f"run {run_id!r} is not the configured one")
         if self.state != "configured":
             raise RuntimeError(f"cannot start from state {self.state}")
         self.state = "running"
         self.ended.clear()
-        self.task = asyncio.create_task(self._run())
+        self.task = asyncio.create_task(self._run(start_at))
         self.task.add_done_callback(lambda _: self.ended.set())
 
     async def stop(self) -> None:
@@ -133,7 +136,7 @@ class Agent:
         return self.engine
 
     # -- a run ------------------------------------------------------------------------------
-    async def _run(self) -> None:
+    async def _run(self, start_at: float = 0.0) -> None:
         config, engine = self.config, self.engine
         spec = json.loads(config.workload_json or "{}")
         worker = config.role == "worker"
@@ -141,6 +144,11 @@ class Agent:
         back_to_back = spec.get("kind") == "back-to-back"
         rng = np.random.default_rng(config.rank)
         try:
+            await engine.connect()
+            # every rank enters iteration 0 at the same instant: ranks that start apart stay
+            # apart for several back-to-back iterations (16 ranks of a mesh, started as the
+            # Start calls arrived, drifted 0.4-0.8 s apart and took 7 iterations to settle)
+            await asyncio.sleep(min(MAX_START_WAIT, max(0.0, start_at - time.time())))
             for iteration in range(config.iterations):
                 self.iteration = iteration
                 timed_loop = back_to_back and iteration > 0  # after the warm-up: no refill (see workloads)
@@ -230,7 +238,7 @@ class ControlService(pb_grpc.ControlServicer):
 
     async def Start(self, request, context):  # noqa: N802
         try:
-            self.agent.start(request.run_id)
+            self.agent.start(request.run_id, request.start_at)
             return pb.Ack(ok=True)
         except Exception as exc:  # noqa: BLE001
             return pb.Ack(ok=False, error=str(exc))

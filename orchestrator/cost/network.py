@@ -33,6 +33,7 @@ class Network:
     efficiency: float = tcp_efficiency(1500)
     latency: float = 0.0
     delay: float = 0.0
+    mtu: int = 1500
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -47,6 +48,12 @@ class Network:
         """Payload bytes per second of one link direction."""
         return self.bandwidth / 8 * self.efficiency
 
+    @property
+    def ip_rate(self) -> float:
+        """IP-level bytes per second of one link direction (what a socket's pacing rate
+        counts: the MTU-sized packet without its Ethernet header)."""
+        return self.bandwidth / 8 * self.mtu / (self.mtu + ETHERNET_HEADER)
+
     @classmethod
     def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0) -> "Network":
         """From a lab's `links` (anything with bandwidth in bits/s, delay in seconds, mtu):
@@ -56,4 +63,5 @@ class Network:
             efficiency=tcp_efficiency(links.mtu) if efficiency is None else efficiency,
             latency=latency,
             delay=float(links.delay),
+            mtu=int(links.mtu),
         )

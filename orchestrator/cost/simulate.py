@@ -12,10 +12,9 @@ What it honours, as agent/engine.py does:
 - every transfer waits α (per-message latency) plus its path's link delay once its first
   chunk may leave, then streams.
 
-What it leaves out, on purpose: the engine's `SENDS_PER_NIC` lanes (it writes a step's
-sends to one peer at a time per NIC; the model lets all of a step's sends run at once, as
-the schedule allows, so that it predicts what the schedule can do, which the data plane
-is to match), HTTP/2 windows, TCP's slow start and losses, and the CPU.
+What it leaves out, on purpose: HTTP/2 windows, TCP's slow start and losses, and the CPU.
+The max-min split is what the agents pace their connections at (shares.py): TCP alone
+does not reach it where connections cross two bottlenecks.
 
 Bandwidth: each link direction carries `Network.payload_rate`, shared max-min fairly by the
 connections crossing it (one per sender and peer address, as the agents open one gRPC

@@ -28,6 +28,8 @@ from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import partitions
 from orchestrator.cost import Network, Prediction, predict_schedules
+from orchestrator.cost.routes import Routes
+from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import TestbedError
 
 CONTROL_SERVICE = "testbed.Control"  # its name in the standard health check
@@ -102,17 +104,17 @@ class RunResult:
         iterations = min(len(r.records) for r in agents)
         return [max(r.records[i].gst_seconds for r in agents) for i in range(iterations)]
 
-    def back_to_back_times(self) -> list[float]:
+    def back_to_back_times(self, warmup: int = 1) -> list[float]:
         """Per agent, NCCL-tests' time per operation of a back-to-back run: from entering the
-        first operation after the warm-up (iteration 0) to leaving the last, divided by their
+        first operation after the `warmup` first ones to leaving the last, divided by their
         number. NCCL-tests reports the mean over ranks by default (`-a 1`), the max with `-a 3`."""
         times = []
         for r in self.results:
-            timed = r.records[1:]
+            timed = r.records[warmup:]
             if timed:
                 times.append((timed[-1].start_time + timed[-1].gst_seconds - timed[0].start_time) / len(timed))
         if not times:
-            raise ValueError("a back-to-back time needs at least two iterations: the first is the warm-up")
+            raise ValueError(f"a back-to-back time needs more than the {warmup} warm-up iteration(s)")
         return times
 
     def records(self) -> list[dict]:
@@ -175,6 +177,7 @@ def run(
     chunk_bytes: int | None = None,
     timeout: float = 600.0,
     network: Network | None = None,
+    pace: bool = True,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -182,7 +185,8 @@ def run(
     each worker's data shard). Endpoints with role "ps" are parameter servers.
     `chunk_bytes`: bytes per streamed message (default: by the schedule's fan-in, see
     `plan.chunk_bytes`). `network`: the lab's links (`cost.Network.from_links(spec.links)`);
-    with it and `ctx.topology` the result carries the cost model's prediction.
+    with it and `ctx.topology` the result carries the cost model's prediction, and (unless
+    `pace` is False) every connection is paced at its fair share of the link (cost.shares).
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -192,9 +196,15 @@ def run(
     ranks = schedules[0][1].ranks if schedules else len(endpoints)
     if ranks != len(endpoints):
         raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
-    plans = build_rank_plans(schedules, ranks)
     chunk_bytes = chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
-    predicted = _prediction(ctx, endpoints, schedules, network, chunk_bytes, credit_bytes)
+    nodes = _rank_nodes(ctx, endpoints)
+    predicted = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
+    if predicted is not None and pace and all(e.node in ctx.topology.nodes for e in endpoints):
+        # in a lab, each connection paced at its fair share (agent/pacing.py says why)
+        plans = build_rank_plans(schedules, ranks, fair_shares(Routes(ctx.topology), schedules, nodes),
+                                 network.ip_rate)
+    else:
+        plans = build_rank_plans(schedules, ranks)
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
@@ -221,7 +231,10 @@ def run(
     with _control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))
         started = time.monotonic()
-        replies = pool.map(lambda e: stubs[e.control].Start(pb.StartRequest(run_id=run_id), timeout=30), endpoints)
+        # all ranks enter the first iteration together, once every Start has arrived
+        start_at = time.time() + START_MARGIN_SECONDS
+        replies = pool.map(lambda e: stubs[e.control].Start(pb.StartRequest(run_id=run_id, start_at=start_at), timeout=30),
+                           endpoints)
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
@@ -231,18 +244,21 @@ def run(
     return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
 
 
-def _prediction(ctx: Context, endpoints: list[Endpoint], schedules, network: Network | None, chunk_bytes: int,
+def _rank_nodes(ctx: Context, endpoints: list[Endpoint]) -> list[str]:
+    """The server of every rank: its endpoint's node when those are the topology's servers
+    (a lab), else `ctx.nodes` or the servers in order (loopback agents standing in for a lab)."""
+    nodes = [e.node for e in sorted(endpoints, key=lambda e: e.rank)]
+    if ctx.topology is None or all(node in ctx.topology.nodes for node in nodes):
+        return nodes
+    return list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]
+
+
+def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | None, chunk_bytes: int,
                 credit_bytes: int) -> Prediction | None:
     """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
-    servers; more with many partitions). Ranks sit on their endpoints' nodes when those are
-    the topology's servers (a lab), else on `ctx.nodes` or the servers in order (loopback
-    agents standing in for a lab)."""
+    servers; more with many partitions), rank r on `nodes[r]`."""
     if network is None or ctx.topology is None or not schedules:
         return None
-    servers = ctx.topology.nodes
-    nodes = [e.node for e in sorted(endpoints, key=lambda e: e.rank)]
-    if not all(node in servers for node in nodes):
-        nodes = list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]
     try:
         return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes)
     except ValueError as exc:  # more ranks than the topology has servers
@@ -250,6 +266,7 @@ def _prediction(ctx: Context, endpoints: list[Endpoint], schedules, network: Net
 
 
 LONG_POLL_SECONDS = 1.0
+START_MARGIN_SECONDS = 1.0  # for every agent to get its Start call and open its connections
 
 
 def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float) -> None:

@@ -1,0 +1,109 @@
+"""Pacing each connection at its fair share of the link, as the cost model shares it.
+
+Why: in a step where every rank sends to several peers and receives from several (a mesh,
+PS, the groups of HiPS and BML), each connection crosses two bottlenecks, the sender's
+uplink and the receiver's downlink. TCP does not reach the max-min fair split there: some
+connections run ahead, others lag, and the step lasts as long as the slowest. Measured with
+plain kernel sockets (no agent) on `bcube,4,1` at 20 Mbit, HiPS's first step (each NIC
+sending to 3 peers and receiving from 3, 6.24 MB each): the last receiver finished at 1.30
+to 1.39 × the fluid time; with every connection paced at a third of the link
+(SO_MAX_PACING_RATE), at 1.014 to 1.017. The orchestrator computes each transfer's share
+(cost/shares.py); the agent sets the connection's pacing rate to the sum of the shares of
+the transfers it is writing, and lifts it when one of them has the link to itself.
+
+gRPC does not hand out its sockets, so the connection's socket is found among the process's
+descriptors by its peer address; it is only ever wrapped and detached, never closed, and
+checked again before every change (gRPC may have reconnected on another descriptor).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+UNPACED = 2**64 - 1  # the kernel's "no limit" (~0UL)
+# Pace a little above the share: a connection that fell behind (a late peer, a busy CPU)
+# may catch up, and the link, not the pacer, stays the bound.
+SLACK = 1.02
+
+
+def _peer_of(fd: int) -> tuple | None:
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return None
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        peer = None
+    finally:
+        sock.detach()
+    if not isinstance(peer, tuple):
+        return None
+    # gRPC opens dual-stack sockets where IPv6 is on: an IPv4 peer reads ::ffff:a.b.c.d
+    host = peer[0].removeprefix("::ffff:")
+    return host, peer[1]
+
+
+def _find(host: str, port: int) -> int | None:
+    """The descriptor of this process's TCP connection to host:port, if it has one."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        peer = _peer_of(fd)
+        if peer is not None and peer[0] == host and peer[1] == port:
+            return fd
+    return None
+
+
+def _set(fd: int, rate: int) -> None:
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, rate.to_bytes(8, "little"))
+    finally:
+        sock.detach()
+
+
+class Pacer:
+    """Pacing rates of this agent's outgoing connections, one per peer address.
+
+    `link_rate`: bytes per second at the IP level that one link carries (0: do not pace)."""
+
+    def __init__(self, link_rate: float) -> None:
+        self.link_rate = link_rate
+        self.active: dict[str, dict[object, float]] = {}  # target → {transfer key: share}
+        self.fds: dict[str, int] = {}
+        self.applied: dict[str, int] = {}
+
+    def begin(self, target: str, key: object, share: float) -> None:
+        if self.link_rate:
+            self.active.setdefault(target, {})[key] = share
+            self._apply(target)
+
+    def end(self, target: str, key: object) -> None:
+        if self.link_rate and self.active.get(target, {}).pop(key, None) is not None and self.active[target]:
+            self._apply(target)
+
+    def _apply(self, target: str) -> None:
+        shares = self.active[target].values()
+        total = sum(shares)
+        rate = UNPACED if max(shares) >= 1 or total * SLACK >= 1 else int(total * SLACK * self.link_rate)
+        if self.applied.get(target) == rate:
+            return
+        host, port = target.rsplit(":", 1)
+        fd = self.fds.get(target)
+        if fd is None or _peer_of(fd) != (host, int(port)):
+            fd = _find(host, int(port))
+            if fd is None:  # not connected yet: the next transfer on it tries again
+                self.fds.pop(target, None)
+                return
+            self.fds[target] = fd
+        try:
+            _set(fd, rate)
+        except OSError:  # the connection closed under us: gRPC reconnects, we find it then
+            self.fds.pop(target, None)
+            return
+        self.applied[target] = rate
