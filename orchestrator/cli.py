@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.errors import BadUsage, TestbedError
+from orchestrator.errors import BadUsage, MonitorError, TestbedError
 
 app = typer.Typer(
     help="An emulated lab for distributed machine-learning networking research.",
@@ -26,6 +26,8 @@ app = typer.Typer(
 )
 images_app = typer.Typer(help="Build the lab images (no registry needed).", no_args_is_help=True)
 app.add_typer(images_app, name="images")
+monitor_app = typer.Typer(help="A Prometheus per lab scraping its agents (127.0.0.1 only).", no_args_is_help=True)
+app.add_typer(monitor_app, name="monitor")
 out = Console()
 err = Console(stderr=True)
 
@@ -424,6 +426,51 @@ def inventory(
     from orchestrator.emulation import Lab
 
     print(inventory_text(Lab.attach(name), fmt, via, _roles(ps)), end="")
+
+
+# -- monitoring -------------------------------------------------------------------------------
+def _monitor_line(monitor) -> str:
+    return (f"prometheus of lab {monitor.lab}: {monitor.url} (pid {monitor.pid}; targets {monitor.targets}; "
+            f"data {monitor.data})")
+
+
+@monitor_app.command("up")
+def monitor_up(name: str = typer.Argument(..., help="lab name")) -> None:
+    """Start the lab's Prometheus (1 s scrapes of every agent, file_sd), or refresh its targets."""
+    from orchestrator.emulation import Lab
+    from orchestrator.monitoring import monitor_up as start
+
+    out.print(_monitor_line(start(Lab.attach(name))), highlight=False, soft_wrap=True)
+
+
+@monitor_app.command("down")
+def monitor_down(name: str = typer.Argument(..., help="lab name")) -> None:
+    """Stop the lab's Prometheus (its data stays until the lab is removed)."""
+    from orchestrator.emulation import Lab
+    from orchestrator.monitoring import monitor_down as stop
+
+    out.print(f"prometheus of lab {name} stopped" if stop(Lab.attach(name)) else f"lab {name} has no prometheus running")
+
+
+@monitor_app.command("status")
+def monitor_status(name: str = typer.Argument(..., help="lab name")) -> None:
+    """Where the lab's Prometheus listens and how its targets are doing."""
+    from orchestrator.emulation import Lab
+    from orchestrator.monitoring import monitor_status as status
+
+    monitor = status(Lab.attach(name))
+    if monitor is None:
+        out.print(f"lab {name} has no prometheus running: testbed monitor up {name}")
+        return
+    out.print(_monitor_line(monitor), highlight=False, soft_wrap=True)
+    try:
+        targets = monitor.active_targets()
+    except OSError as exc:
+        raise MonitorError(f"prometheus of lab {name} does not answer at {monitor.url}: {exc}") from None
+    for target in sorted(targets, key=lambda t: t["labels"].get("node", "")):
+        error = f"  {target['lastError']}" if target.get("lastError") else ""
+        out.print(f"  {target['labels'].get('node', '?'):<12} {target['scrapeUrl']:<36} {target['health']}{error}",
+                  highlight=False, soft_wrap=True)
 
 
 # -- images -----------------------------------------------------------------------------------

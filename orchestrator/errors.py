@@ -21,6 +21,7 @@ it never shows a traceback for these.
     │   └── NodeNotFound          a command names a node the lab does not have
     ├── Interrupted               a signal stopped a build, which was rolled back; exit 128+signal
     ├── EmulationError            the kernel or Docker refused an operation while building
+    ├── MonitorError              the lab's Prometheus could not start or be reached (names its log)
     └── DeployError               deploying agents failed: names the host, the task and the log
 """
 
@@ -109,6 +110,10 @@ class Interrupted(TestbedError):
 
 class EmulationError(TestbedError):
     """The kernel or Docker refused an operation while building or changing a lab."""
+
+
+class MonitorError(TestbedError):
+    """The lab's Prometheus could not be started or reached."""
 
 
 class DeployError(TestbedError):

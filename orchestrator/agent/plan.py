@@ -4,13 +4,16 @@ The orchestrator builds the schedules once (orchestrator.collectives) and gives 
 only its own part, as JSON, so agents need no topology or algorithm code:
 
     {"partitions": [{"index": 0, "offset": 0, "length": 1000, "priority": 0,
-                     "steps": [{"step": 3, "send": [[dst, offset, count, copy, nic]],
-                                "recv": [[src, offset, count]]}]}]}
+                     "steps": [{"step": 3, "send": [[dst, offset, count, copy, nic, share?]],
+                                "recv": [[src, offset, count]]}]}],
+     "link_bytes_per_second": 12_380_000}   # only when the run is paced
 
 `step` is the step's number in the partition's schedule; a rank lists only the steps it
 takes part in. `recv` lists the ranges it receives in that step (the agent orders each
 chunk after the earlier steps' work on the same range); `nic` is -1 when the schedule
-leaves the choice to routing.
+leaves the choice to routing; `share`, when present, is the transfer's fair share of a link
+(cost/shares.py), which the agent paces its connection at (pacing.py) against
+`link_bytes_per_second`.
 """
 
 from __future__ import annotations
