@@ -66,9 +66,12 @@ LABS = (
         Case("hips", "hips"), Case("bml", "bml"), Case("hierarchical", "hierarchical"),
         Case("halving-doubling", "halving-doubling"),
     )),
-    LabCases("torus,4,2", "100Mbit", (Case("hips", "hips"), Case("ring", "ring"))),
-    LabCases("bigraph,4,4", "100Mbit", (Case("hdrm", "hdrm"), Case("ring", "ring"))),
-    LabCases("fattree,4", "100Mbit", (
+    # the issue names no rate for these: at 100 Mbit a 2-core machine is the bound (torus
+    # HiPS, 64 NICs busy: CPU idle 10 %; Fat-Tree's routers forward every packet 3-5 times:
+    # a ring left 10 % idle), so they run at 50 Mbit
+    LabCases("torus,4,2", "50Mbit", (Case("hips", "hips"), Case("ring", "ring"))),
+    LabCases("bigraph,4,4", "50Mbit", (Case("hdrm", "hdrm"), Case("ring", "ring"))),
+    LabCases("fattree,4", "50Mbit", (
         Case("ring", "ring"), Case("halving-doubling", "halving-doubling"),
         Case("double-tree", "double-tree"), Case("mesh", "mesh"),
     )),

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -31,6 +32,8 @@ from orchestrator.monitoring.targets import JOB, write_atomically, write_targets
 SCRAPE_INTERVAL = "1s"
 READY_TIMEOUT = 30.0
 PROCESS = "prometheus"
+EXPORTER = "fabric-exporter"
+FABRIC_JOB = "fabric"
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,15 @@ def _paths(lab) -> dict[str, Path]:
             "data": root / "data", "state": root / "prometheus.json", "log": root / "prometheus.log"}
 
 
-def config_text(lab, targets: Path) -> str:
+def config_text(lab, targets: Path, exporter_port: int) -> str:
     config = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
                    "evaluation_interval": SCRAPE_INTERVAL, "external_labels": {"testbed_lab": lab.spec.name}},
-        "scrape_configs": [{
-            "job_name": JOB,
-            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": SCRAPE_INTERVAL}],
-        }],
+        "scrape_configs": [
+            {"job_name": JOB, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": SCRAPE_INTERVAL}]},
+            {"job_name": FABRIC_JOB,
+             "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"lab": lab.spec.name}}]},
+        ],
     }
     return yaml.safe_dump(config, sort_keys=False)
 
@@ -77,15 +81,31 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _running(entry: dict) -> bool:
+    try:
+        return process_start_time(entry["pid"]) == entry["start"]
+    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError, IndexError, TypeError):
+        return False
+
+
 def _recorded(lab) -> dict | None:
-    """The lab's Prometheus as recorded, if that process still runs."""
+    """The lab's Prometheus and exporter as recorded, if Prometheus still runs."""
     try:
         state = json.loads(_paths(lab)["state"].read_text())
-        if process_start_time(state["pid"]) == state["start"]:
-            return state
-    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError, IndexError):
-        pass
-    return None
+    except (FileNotFoundError, ValueError):
+        return None
+    return state if _running(state) else None
+
+
+def _spawn(lab, name: str, command: list[str], log: Path) -> tuple[subprocess.Popen, dict]:
+    """Start a process of the lab's monitoring in its own group, journalled before anything
+    waits for it (so `testbed clean` finds it whatever happens next)."""
+    with open(log, "ab") as handle:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle,
+                                start_new_session=True)
+    entry = {"pid": proc.pid, "start": process_start_time(proc.pid)}
+    lab.state.record([Entry("process", name, dict(entry))])
+    return proc, entry
 
 
 def _monitor(lab, state: dict) -> Monitor:
@@ -120,22 +140,24 @@ def monitor_up(lab) -> Monitor:
     write_targets(lab, paths["targets"])
     if (state := _recorded(lab)) is not None:
         return _monitor(lab, state)
-    write_atomically(paths["config"], config_text(lab, paths["targets"]))
     paths["data"].mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    with open(paths["log"], "ab") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={paths['config']}", f"--storage.tsdb.path={paths['data']}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )
-    state = {"pid": proc.pid, "start": process_start_time(proc.pid), "port": port}
-    lab.state.record([Entry("process", PROCESS, {"pid": proc.pid, "start": state["start"]})])
-    write_atomically(paths["state"], json.dumps(state) + "\n")
+    exporter_port, port = _free_port(), _free_port()
+    exporter, exporter_entry = _spawn(
+        lab, EXPORTER, [sys.executable, "-m", "orchestrator.monitoring.exporter", lab.spec.name,
+                        "--port", str(exporter_port)], paths["root"] / "exporter.log")
+    started = [exporter.pid]
     try:
+        write_atomically(paths["config"], config_text(lab, paths["targets"], exporter_port))
+        proc, entry = _spawn(
+            lab, PROCESS, [binary, f"--config.file={paths['config']}", f"--storage.tsdb.path={paths['data']}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"], paths["log"])
+        started.append(proc.pid)
+        state = entry | {"port": port, "exporter": exporter_entry | {"port": exporter_port}}
+        write_atomically(paths["state"], json.dumps(state) + "\n")
         _wait_ready(f"http://127.0.0.1:{port}", proc, paths["log"])
     except BaseException:
-        _stop(proc.pid)
+        for pid in started:
+            _stop(pid)
         paths["state"].unlink(missing_ok=True)
         raise
     return _monitor(lab, state)
@@ -170,6 +192,8 @@ def monitor_down(lab) -> bool:
     if state is None:
         return False
     _stop(state["pid"])
+    if _running(state.get("exporter")):
+        _stop(state["exporter"]["pid"])
     _paths(lab)["state"].unlink(missing_ok=True)
     return True
 
