@@ -97,6 +97,8 @@ class Agent:
             self.state = "configured"
             self.ready.notify_all()
         self.metrics.rank.set(config.rank)
+        self.metrics.gradient.set(buffer.nbytes)
+        self.metrics.workers.set(config.workers)
 
     def start(self, run_id: str, start_at: float = 0.0) -> None:
         if self.config is None or self.config.run_id != run_id:

@@ -59,13 +59,19 @@ class Monitor:
 def _paths(lab) -> dict[str, Path]:
     root = lab.state.dir / "monitoring"
     return {"root": root, "config": root / "prometheus.yml", "targets": root / "targets" / f"{JOB}.json",
-            "data": root / "data", "state": root / "prometheus.json", "log": root / "prometheus.log"}
+            "data": root / "data", "state": root / "prometheus.json", "log": root / "prometheus.log",
+            "rules": root / "rules.yml"}
 
 
-def config_text(lab, targets: Path, exporter_port: int) -> str:
+RULES = Path(__file__).with_name("rules.yml")
+
+
+def config_text(lab, targets: Path, exporter_port: int, rules: Path | None = None) -> str:
+    """prometheus.yml of a lab: its agents through file_sd, its fabric exporter, the rules."""
     config = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
                    "evaluation_interval": SCRAPE_INTERVAL, "external_labels": {"testbed_lab": lab.spec.name}},
+        "rule_files": [str(rules)] if rules else [],
         "scrape_configs": [
             {"job_name": JOB, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": SCRAPE_INTERVAL}]},
             {"job_name": FABRIC_JOB,
@@ -147,7 +153,8 @@ def monitor_up(lab) -> Monitor:
                         "--port", str(exporter_port)], paths["root"] / "exporter.log")
     started = [exporter.pid]
     try:
-        write_atomically(paths["config"], config_text(lab, paths["targets"], exporter_port))
+        write_atomically(paths["rules"], RULES.read_text())
+        write_atomically(paths["config"], config_text(lab, paths["targets"], exporter_port, paths["rules"]))
         proc, entry = _spawn(
             lab, PROCESS, [binary, f"--config.file={paths['config']}", f"--storage.tsdb.path={paths['data']}",
                            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"], paths["log"])

@@ -85,6 +85,9 @@ def test_prometheus_scrapes_the_labs_agents_with_their_labels(make_lab):
         wire = lambda: values(monitor, 'testbed_link_transmit_bytes_total{lab="mon"}')  # noqa: E731
         assert until(lambda: len(wire()) == 4 and min(wire().values()) >= 2 * elements * 4 / 2), wire()
         assert values(monitor, 'testbed_link_rate_bytes_per_second{link="h0→sw"}')["h0→sw"] == lab.spec.links.bandwidth / 8
+        # the recording rules run: link utilisation for every direction, busbw for the lab
+        assert until(lambda: len(values(monitor, 'testbed:link_utilisation:ratio5s{lab="mon"}')) == 4)
+        assert values(monitor, 'max(testbed_gradient_bytes{lab="mon"})')[""] == elements * 4
 
         # a cut link shows in the link state series within 2 scrapes (1 s each), and heals
         state = lambda: values(monitor, 'testbed_link_up{lab="mon"}')  # noqa: E731
