@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.agent_dataplane import cpu_counters  # noqa: E402
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
@@ -80,11 +81,6 @@ LABS = (
         Case("ps 4 servers, 4 workers", "ps", {"shards": 4}, 4, ("h4", "h5", "h6", "h7")),
     )),
 )
-
-
-def cpu_counters() -> tuple[int, int]:
-    fields = list(map(int, Path("/proc/stat").read_text().splitlines()[0].split()[1:]))
-    return sum(fields), fields[3] + fields[4]
 
 
 def ranked(endpoints: list, case: Case) -> list:

@@ -231,30 +231,27 @@ class Engine:
                 pass  # a peer that is gone: the write below says so
         self.pacer.begin(target, (partition, key), send.share)
         try:
-            await self._write(call, lock, partition, step, send, key, state, left)
+            async with lock:  # two sends of one step to one peer address share the call
+                for start in range(send.offset, send.offset + send.count, self.chunk_elements):
+                    count = min(self.chunk_elements, send.offset + send.count - start)
+                    await self._until(lambda: state.clear_to_send(step, start, start + count))
+                    head = pb.Chunk(
+                        run_id=self.run_id, iteration=self.iteration, partition=partition, step=step,
+                        src=self.rank, offset=start, count=count, copy=send.copy,
+                    )
+                    try:
+                        await call.write(encode_chunk(head, self.buffer[start : start + count]))
+                    except Exception as exc:  # the call ended early
+                        raise await self._refusal(call, send.dst, exc) from exc
+                    left.lo = start + count
+                    if left.lo >= left.hi:
+                        del state.sending[key]
+                    await self._progressed()
         finally:
             self.pacer.end(target, (partition, key))
         size = send.count * self.buffer.itemsize
         self.sent += size
         self.counters(self._node(send.dst), size, 0)
-
-    async def _write(self, call, lock, partition: int, step: int, send: Send, key, state, left) -> None:
-        async with lock:  # two sends of one step to one peer address share the call
-            for start in range(send.offset, send.offset + send.count, self.chunk_elements):
-                count = min(self.chunk_elements, send.offset + send.count - start)
-                await self._until(lambda: state.clear_to_send(step, start, start + count))
-                head = pb.Chunk(
-                    run_id=self.run_id, iteration=self.iteration, partition=partition, step=step,
-                    src=self.rank, offset=start, count=count, copy=send.copy,
-                )
-                try:
-                    await call.write(encode_chunk(head, self.buffer[start : start + count]))
-                except Exception as exc:  # the call ended early
-                    raise await self._refusal(call, send.dst, exc) from exc
-                left.lo = start + count
-                if left.lo >= left.hi:
-                    del state.sending[key]
-                await self._progressed()
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Open the connection to every peer address the plans send to, before the first

@@ -76,7 +76,7 @@ class Pacer:
         self.link_rate = link_rate
         self.active: dict[str, dict[object, float]] = {}  # target → {transfer key: share}
         self.fds: dict[str, int] = {}
-        self.applied: dict[str, int] = {}
+        self.applied: dict[str, tuple[int, int]] = {}  # target → (descriptor, rate) last set
 
     def begin(self, target: str, key: object, share: float) -> None:
         if self.link_rate:
@@ -91,19 +91,19 @@ class Pacer:
         shares = self.active[target].values()
         total = sum(shares)
         rate = UNPACED if max(shares) >= 1 or total * SLACK >= 1 else int(total * SLACK * self.link_rate)
-        if self.applied.get(target) == rate:
-            return
         host, port = target.rsplit(":", 1)
         fd = self.fds.get(target)
-        if fd is None or _peer_of(fd) != (host, int(port)):
+        if fd is None or _peer_of(fd) != (host, int(port)):  # checked every time: gRPC may reconnect
             fd = _find(host, int(port))
             if fd is None:  # not connected yet: the next transfer on it tries again
                 self.fds.pop(target, None)
                 return
             self.fds[target] = fd
+        if self.applied.get(target) == (fd, rate):
+            return
         try:
             _set(fd, rate)
         except OSError:  # the connection closed under us: gRPC reconnects, we find it then
             self.fds.pop(target, None)
             return
-        self.applied[target] = rate
+        self.applied[target] = (fd, rate)

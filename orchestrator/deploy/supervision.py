@@ -16,7 +16,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from orchestrator.emulation.cleanup import process_start_time
+from orchestrator.emulation.cleanup import process_start_time, same_process
 from orchestrator.emulation.journal import Entry
 
 
@@ -37,9 +37,9 @@ def running(lab, server: str) -> int | None:
     """The pid of the server's svscan, if the one recorded still runs."""
     try:
         pid, start = _pidfile(lab, server).read_text().split()
-        if process_start_time(int(pid)) == start:
+        if same_process(int(pid), start):
             return int(pid)
-    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+    except (FileNotFoundError, ValueError):
         pass
     return None
 

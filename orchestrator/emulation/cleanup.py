@@ -183,6 +183,14 @@ def _kill(pid: int | None, start: str | None) -> int:
     return 1
 
 
+def same_process(pid: int, start: str) -> bool:
+    """Does `pid` still run the process that started at `start` (not a later reuse of it)?"""
+    try:
+        return process_start_time(pid) == str(start)
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def process_start_time(pid: int) -> str:
     """The kernel's start time of a process, to tell it apart from a later reuse of its pid."""
     with open(f"/proc/{pid}/stat") as handle:

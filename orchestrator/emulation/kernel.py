@@ -450,7 +450,7 @@ class Netlink:
                 except EmulationError:  # ENODEV: not there
                     found = []
                 for message in found:
-                    self._indexes[key] = struct.unpack_from("=i", message, 20)[0]
+                    self._indexes[key] = link_index(message)
         try:
             return self._indexes[key]
         except KeyError:
@@ -464,7 +464,7 @@ class Netlink:
         """Learn every interface index of a namespace with one dump."""
         for message in self.dump(ns, GET_LINKS, f"links of {ns or 'root'}"):
             name, _ = parse_link(message)
-            self._indexes[(ns, name)] = struct.unpack_from("=i", message, 20)[0]
+            self._indexes[(ns, name)] = link_index(message)
         self._dumped.add(ns)
 
     def close(self) -> None:
@@ -825,17 +825,46 @@ def get_link_message(ifname: str) -> bytes:
     return _message(18, NLM_F_REQUEST | NLM_F_ACK, bytes(16) + _attr(IFLA_IFNAME, ifname.encode() + b"\0"))
 
 
+def attributes(data: bytes, offset: int) -> dict[int, bytes]:
+    """kind → payload of the netlink attributes from `offset` on (nested ones undecoded)."""
+    found: dict[int, bytes] = {}
+    while offset + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        found[kind & 0x3FFF] = data[offset + 4 : offset + length]
+        offset += (length + 3) & ~3
+    return found
+
+
+def link_index(message: bytes) -> int:
+    """The interface index of an RTM_NEWLINK message (header included)."""
+    return struct.unpack_from("=i", message, 20)[0]
+
+
+RTM_GETQDISC, TCA_STATS2, TCA_STATS_QUEUE, TC_H_ROOT = 38, 7, 3, 0xFFFFFFFF
+GET_QDISCS = _message(RTM_GETQDISC, NLM_F_REQUEST | 0x300, bytes(20))  # NLM_F_DUMP, an empty tcmsg
+
+
+def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
+    """ifindex → {drops, overlimits, backlog, qlen} of each interface's root qdisc (one dump)."""
+    found = {}
+    for message in nl.dump(ns, GET_QDISCS, f"qdiscs of {ns or 'root'}"):
+        _, ifindex, _, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
+        if parent != TC_H_ROOT:
+            continue
+        stats = attributes(message, 36).get(TCA_STATS2)  # after nlmsghdr + tcmsg
+        queue = attributes(stats, 0).get(TCA_STATS_QUEUE) if stats else None
+        if queue:
+            qlen, backlog, drops, _, overlimits = struct.unpack_from("=5I", queue)
+            found[ifindex] = {"drops": drops, "overlimits": overlimits, "backlog": backlog, "qlen": qlen}
+    return found
+
+
 def parse_link(message: bytes) -> tuple[str, dict]:
     """(name, facts) of one RTM_NEWLINK message (header included), as links_in gives them."""
     (flags,) = struct.unpack_from("=I", message, 16 + 8)
-    attrs: dict[int, bytes] = {}
-    offset = 32  # nlmsghdr + ifinfomsg
-    while offset + 4 <= len(message):
-        length, kind = struct.unpack_from("=HH", message, offset)
-        if length < 4:
-            break
-        attrs[kind & 0x3FFF] = message[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
+    attrs = attributes(message, 32)  # after nlmsghdr + ifinfomsg
 
     def u32(kind: int) -> int | None:
         return struct.unpack_from("=I", attrs[kind])[0] if kind in attrs else None

@@ -12,7 +12,6 @@ RTM_GETLINK and one RTM_GETQDISC dump per namespace per scrape, no `tc` or `ip` 
 from __future__ import annotations
 
 import argparse
-import struct
 import threading
 import time
 from typing import Iterator
@@ -23,39 +22,6 @@ from prometheus_client.registry import Collector
 
 from orchestrator.emulation import kernel
 from orchestrator.emulation.plan import namespace_name
-
-RTM_GETQDISC = 38
-TCA_KIND, TCA_STATS2 = 1, 7
-TCA_STATS_QUEUE = 3
-TC_H_ROOT = 0xFFFFFFFF
-GET_QDISCS = kernel._message(RTM_GETQDISC, kernel.NLM_F_REQUEST | 0x300, bytes(20))  # NLM_F_DUMP, empty tcmsg
-
-
-def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
-    found = {}
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            break
-        found[kind & 0x3FFF] = data[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return found
-
-
-def root_qdiscs(nl: kernel.Netlink, ns: str | None) -> dict[int, dict]:
-    """ifindex → {drops, overlimits, backlog, qlen} of each interface's root qdisc."""
-    found = {}
-    for message in nl.dump(ns, GET_QDISCS, f"qdiscs of {ns or 'root'}"):
-        _, ifindex, _, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
-        if parent != TC_H_ROOT:
-            continue
-        stats = _attrs(message, 36).get(TCA_STATS2)
-        queue = _attrs(stats, 0).get(TCA_STATS_QUEUE) if stats else None
-        if queue:
-            qlen, backlog, drops, _, overlimits = struct.unpack_from("=5I", queue)
-            found[ifindex] = {"drops": drops, "overlimits": overlimits, "backlog": backlog, "qlen": qlen}
-    return found
-
 
 class FabricCollector(Collector):
     """Reads the lab's links at every collect(); one scrape at a time."""
@@ -74,13 +40,12 @@ class FabricCollector(Collector):
         for node, ns in self.lab.plan.namespaces.items():
             if ns not in live:
                 continue
-            by_index = root_qdiscs(self.nl, ns)
+            by_index = kernel.root_qdiscs(self.nl, ns)
             interfaces[node] = {}
             for message in self.nl.dump(ns, kernel.GET_LINKS, f"links of {ns}"):
                 name, facts = kernel.parse_link(message)
                 interfaces[node][name] = facts
-                index = struct.unpack_from("=i", message, 20)[0]
-                if index in by_index:
+                if (index := kernel.link_index(message)) in by_index:
                     queues[(node, name)] = by_index[index]
         return interfaces, queues
 

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,10 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.emulation.cleanup import process_start_time
+from orchestrator.emulation.cleanup import process_start_time, same_process
 from orchestrator.emulation.journal import Entry
 from orchestrator.errors import MonitorError
 from orchestrator.monitoring.targets import JOB, write_atomically, write_targets
+from orchestrator.runner.local import free_ports
 
 SCRAPE_INTERVAL = "1s"
 READY_TIMEOUT = 30.0
@@ -81,17 +81,8 @@ def config_text(lab, targets: Path, exporter_port: int, rules: Path | None = Non
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _running(entry: dict) -> bool:
-    try:
-        return process_start_time(entry["pid"]) == entry["start"]
-    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError, IndexError, TypeError):
-        return False
+def _running(entry: dict | None) -> bool:
+    return isinstance(entry, dict) and same_process(entry.get("pid", 0), entry.get("start", ""))
 
 
 def _recorded(lab) -> dict | None:
@@ -147,7 +138,7 @@ def monitor_up(lab) -> Monitor:
     if (state := _recorded(lab)) is not None:
         return _monitor(lab, state)
     paths["data"].mkdir(parents=True, exist_ok=True)
-    exporter_port, port = _free_port(), _free_port()
+    exporter_port, port = free_ports(2)
     exporter, exporter_entry = _spawn(
         lab, EXPORTER, [sys.executable, "-m", "orchestrator.monitoring.exporter", lab.spec.name,
                         "--port", str(exporter_port)], paths["root"] / "exporter.log")

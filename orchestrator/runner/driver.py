@@ -197,12 +197,11 @@ def run(
     if ranks != len(endpoints):
         raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
     chunk_bytes = chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
-    nodes = _rank_nodes(ctx, endpoints)
-    predicted = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
-    if predicted is not None and pace and all(e.node in ctx.topology.nodes for e in endpoints):
+    nodes, in_lab = _rank_nodes(ctx, endpoints)
+    predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
+    if predicted is not None and pace and in_lab:
         # in a lab, each connection paced at its fair share (agent/pacing.py says why)
-        plans = build_rank_plans(schedules, ranks, fair_shares(Routes(ctx.topology), schedules, nodes),
-                                 network.ip_rate)
+        plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
     else:
         plans = build_rank_plans(schedules, ranks)
     run_id = uuid.uuid4().hex[:12]
@@ -244,23 +243,29 @@ def run(
     return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
 
 
-def _rank_nodes(ctx: Context, endpoints: list[Endpoint]) -> list[str]:
-    """The server of every rank: its endpoint's node when those are the topology's servers
-    (a lab), else `ctx.nodes` or the servers in order (loopback agents standing in for a lab)."""
+def _rank_nodes(ctx: Context, endpoints: list[Endpoint]) -> tuple[list[str], bool]:
+    """(the server of every rank, whether the endpoints are the lab's servers): its
+    endpoint's node when those are the topology's servers (a lab), else `ctx.nodes` or the
+    servers in order (loopback agents standing in for a lab)."""
     nodes = [e.node for e in sorted(endpoints, key=lambda e: e.rank)]
-    if ctx.topology is None or all(node in ctx.topology.nodes for node in nodes):
-        return nodes
-    return list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]
+    if ctx.topology is None:
+        return nodes, False
+    if all(node in ctx.topology.nodes for node in nodes):
+        return nodes, True
+    return (list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]), False
 
 
 def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | None, chunk_bytes: int,
-                credit_bytes: int) -> Prediction | None:
+                credit_bytes: int) -> tuple[Prediction | None, Routes | None]:
     """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
-    servers; more with many partitions), rank r on `nodes[r]`."""
+    servers; more with many partitions), rank r on `nodes[r]`, and the routes it mapped the
+    transfers onto (the fair shares the agents pace at use them again)."""
     if network is None or ctx.topology is None or not schedules:
-        return None
+        return None, None
     try:
-        return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes)
+        routes = Routes(ctx.topology)
+        return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes,
+                                 routes=routes), routes
     except ValueError as exc:  # more ranks than the topology has servers
         raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
 

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
 from orchestrator.emulation import Lab, kernel
+
+
+def command_lines(containing: str, live_only: bool = False) -> list[str]:
+    """Command lines of host processes that contain `containing` (with `live_only`, zombies
+    left out: a process this test started and killed stays one until it is reaped)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            if live_only and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        if containing in args:
+            found.append(args)
+    return found
 
 
 def tx_bytes(lab: Lab, nodes: list[str]) -> dict[str, dict[str, int]]:

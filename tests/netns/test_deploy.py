@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchestrator.collectives.context import Context
 from orchestrator.deploy import deploy, supervision, undeploy
 from orchestrator.runner import driver, workloads
+from tests.netns.probes import command_lines
 
 
 def health(address: str) -> str:
@@ -28,15 +29,7 @@ def health(address: str) -> str:
 
 def lab_processes(lab) -> list[str]:
     """Command lines of host processes started for the lab's servers (their files are under its state dir)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(lab.state.dir) in args:
-            found.append(args)
-    return found
+    return command_lines(str(lab.state.dir))
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.emulation import cleanup
 from orchestrator.monitoring import monitor_down, monitor_status, monitor_up
 from orchestrator.runner import driver, lab_agents, workloads
+from tests.netns.probes import command_lines
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
                                 reason="prometheus is not installed (./setup.sh installs it)")
@@ -39,19 +40,6 @@ def health(monitor) -> dict[str, str]:
 def values(monitor, expression: str) -> dict[str, float]:
     """An instant query's result by its `link` label (or its only series under "")."""
     return {r["metric"].get("link", ""): float(r["value"][1]) for r in monitor.query(expression)}
-
-
-def lab_processes(lab) -> list[str]:
-    """Command lines of live processes naming the lab."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if f" {lab.name} " in f"{args} " and alive(int(pid)):
-            found.append(args)
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -106,7 +94,7 @@ def test_prometheus_scrapes_the_labs_agents_with_their_labels(make_lab):
         lab_agents.stop(endpoints)
         stopped = monitor_down(lab)
     assert stopped and not alive(monitor.pid)
-    assert not [p for p in lab_processes(lab) if "orchestrator.monitoring.exporter" in p]
+    assert not command_lines(f"orchestrator.monitoring.exporter {lab.name} ", live_only=True)
     assert monitor_status(lab) is None and not monitor_down(lab)
 
 
@@ -116,7 +104,8 @@ def test_clean_stops_the_prometheus_of_a_crashed_run(make_lab):
     assert alive(monitor.pid)
     cleanup.clean_lab(lab.name)  # as after the orchestrator died: only the journal is left
     assert until(lambda: not alive(monitor.pid), timeout=5)
-    assert until(lambda: not [p for p in lab_processes(lab) if "exporter" in p], timeout=5)
+    assert until(lambda: not command_lines(f"orchestrator.monitoring.exporter {lab.name} ", live_only=True),
+                 timeout=5)
     try:
         os.waitpid(monitor.pid, os.WNOHANG)  # reap it: this test started it
     except ChildProcessError:
