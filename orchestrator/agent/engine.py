@@ -118,7 +118,7 @@ class Engine:
         self.peers = peers  # rank → {"address": host:port, "by_nic": {nic: host:port}, "node": name}
         self.chunk_elements = max(1, chunk_bytes // buffer.itemsize)
         self.credit_bytes = credit_bytes
-        self.counters = counters  # callable(peer_node, sent_bytes, received_bytes)
+        self.counters = counters  # callable(peer_node, sent_bytes, received_bytes, nic=-1)
         self.options = channel_options(window_bytes)
         self.pacer = Pacer(link_rate)
         self.iteration = -1
@@ -251,7 +251,7 @@ class Engine:
             self.pacer.end(target, (partition, key))
         size = send.count * self.buffer.itemsize
         self.sent += size
-        self.counters(self._node(send.dst), size, 0)
+        self.counters(self._node(send.dst), size, 0, send.nic)
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Open the connection to every peer address the plans send to, before the first

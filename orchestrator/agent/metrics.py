@@ -6,7 +6,9 @@ for counters.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, start_http_server,
+)
 
 # 1 ms to ~4 min in steps of 2^(1/4) (19 %): a lab's GSTs differ by less than the old 1-2.5-5
 # buckets could tell (1.3 s and 1.75 s fell in one), and histogram_quantile is then within ~10 %
@@ -24,7 +26,8 @@ class Metrics:
         self.compute = Histogram(
             "testbed_compute_seconds", "Compute time of one iteration", buckets=GST_BUCKETS, **labels
         )
-        self.sent = Counter("testbed_bytes_sent_total", "Gradient bytes sent", ["peer"], **labels)
+        # by the NIC the plan sends from ("routed": the one the routes pick), for multi-NIC servers
+        self.sent = Counter("testbed_bytes_sent_total", "Gradient bytes sent", ["peer", "nic"], **labels)
         self.received = Counter("testbed_bytes_received_total", "Gradient bytes received", ["peer"], **labels)
         self.iterations = Counter("testbed_iterations_total", "Iterations completed", ["algorithm"], **labels)
         self.errors = Counter("testbed_errors_total", "Runs that failed", **labels)
@@ -34,12 +37,14 @@ class Metrics:
         self.gradient = Gauge("testbed_gradient_bytes", "Bytes of the gradient the current run reduces", **labels)
         self.workers = Gauge("testbed_workers", "Workers (ranks holding a gradient) in the current run", **labels)
         self.node = node
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, resident memory, fds
+        PlatformCollector(registry=self.registry)
 
     def serve(self, address: str, port: int) -> None:
         start_http_server(port, addr=address, registry=self.registry)
 
-    def count_bytes(self, peer: str, sent: int, received: int) -> None:
+    def count_bytes(self, peer: str, sent: int, received: int, nic: int = -1) -> None:
         if sent:
-            self.sent.labels(peer).inc(sent)
+            self.sent.labels(peer, str(nic) if nic >= 0 else "routed").inc(sent)
         if received:
             self.received.labels(peer).inc(received)

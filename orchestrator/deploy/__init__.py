@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.deploy.agents import endpoints
+from orchestrator.deploy.agents import endpoints, record_deployed
 from orchestrator.deploy.playbook import FORKS, PlaybookResult, Progress
 from orchestrator.errors import BadUsage
 from orchestrator.runner.driver import Endpoint, wait_healthy
@@ -63,13 +63,17 @@ def deploy(
     deployer = _deployer(via)
     result = deployer.start(lab, names, progress, extravars, forks)
     eps = endpoints(lab, names, roles)
+    record_deployed(lab, {ep.node: ep.role for ep in eps})  # before waiting: a sick agent is a down target
     wait_healthy(eps, timeout=timeout)
     return Deployment(eps, result)
 
 
 def undeploy(lab, servers: list[str] | None = None, via: str = "nsenter", progress: Progress = _quiet) -> PlaybookResult | None:
     """Stop and remove the agents of `servers` (default: all). Idempotent."""
-    return _deployer(via).stop(lab, _servers(lab, servers), progress)
+    names = _servers(lab, servers)
+    result = _deployer(via).stop(lab, names, progress)
+    record_deployed(lab, {}, removed=names)
+    return result
 
 
 def inventory_text(lab, fmt: str = "yaml", via: str = "nsenter", roles: dict[str, str] | None = None) -> str:

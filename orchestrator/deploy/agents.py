@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import tempfile
@@ -107,3 +108,28 @@ def secret_file(state_dir: Path) -> Path:
 def data_addresses(topology: Topology, server: str) -> list[str]:
     """Every fabric address of a server, in NIC order (the agent's Data listens on each)."""
     return [str(nic.address.ip) for nic in topology.node(server).data_nics()]
+
+
+def _agents_file(lab) -> Path:
+    return lab.state.dir / "deploy" / "agents.json"
+
+
+def deployed(lab) -> dict[str, str]:
+    """Servers whose agents were deployed and not removed since, with their roles."""
+    try:
+        return json.loads(_agents_file(lab).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def record_deployed(lab, roles: dict[str, str], removed: list[str] = ()) -> None:
+    """Note servers' agents as deployed (server → role) or removed, replacing the file whole:
+    the monitoring reads it at any time (its file_sd targets follow it)."""
+    agents = {name: role for name, role in deployed(lab).items() if name not in removed} | roles
+    path = _agents_file(lab)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, name = tempfile.mkstemp(prefix=".agents.", dir=path.parent)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(dict(sorted(agents.items())), handle)
+    os.chmod(name, 0o644)
+    os.replace(name, path)

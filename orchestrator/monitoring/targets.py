@@ -1,9 +1,11 @@
-"""What Prometheus scrapes in a lab: file_sd target groups, one per agent.
+"""What Prometheus scrapes in a lab: file_sd target groups, one per deployed agent.
 
-Every target carries `lab` and `node`, plus the structural facts the topology has for the
-server (BCube digits, torus coordinates, Fat-Tree pod...) as labels, so that a query can
-group by them. Written atomically: Prometheus re-reads the file whenever it changes and
-must never see half of it.
+Every target carries `lab`, `node` and `role` (worker or ps), plus the structural facts the
+topology has for the server (BCube digits, torus coordinates, Fat-Tree pod...) as labels, so
+that a query can group by them. The groups follow the lab's deployed agents (deploy records
+them; the fabric exporter rewrites this file when they change): a killed agent stays a
+target, and goes down, until it is undeployed. Written atomically: Prometheus re-reads the
+file whenever it changes and must never see half of it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from orchestrator.deploy.agents import METRICS_PORT
+from orchestrator.deploy.agents import METRICS_PORT, deployed
 
 JOB = "agents"
 
@@ -25,10 +27,12 @@ def _label_value(value) -> str:
 
 
 def agent_targets(lab) -> list[dict]:
-    """One file_sd group per server of a live lab: its agent's metrics endpoint."""
-    groups = []
+    """One file_sd group per deployed agent of a live lab: its metrics endpoint."""
+    groups, agents = [], deployed(lab)
     for server in lab.topology.servers:
-        labels = {"lab": lab.spec.name, "node": server.name}
+        if server.name not in agents:
+            continue
+        labels = {"lab": lab.spec.name, "node": server.name, "role": agents[server.name]}
         for key, value in sorted(server.attrs.items()):
             if isinstance(value, (str, int, float, list, tuple)) and key not in labels:
                 labels[key] = _label_value(value)
@@ -50,6 +54,13 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def write_targets(lab, path: Path) -> list[dict]:
+    """The lab's targets into `path`, if they differ from what it holds."""
     groups = agent_targets(lab)
-    write_atomically(path, json.dumps(groups, indent=1) + "\n")
+    text = json.dumps(groups, indent=1) + "\n"
+    try:
+        if path.read_text() == text:
+            return groups
+    except FileNotFoundError:
+        pass
+    write_atomically(path, text)
     return groups
