@@ -28,6 +28,8 @@ images_app = typer.Typer(help="Build the lab images (no registry needed).", no_a
 app.add_typer(images_app, name="images")
 monitor_app = typer.Typer(help="A Prometheus per lab scraping its agents (127.0.0.1 only).", no_args_is_help=True)
 app.add_typer(monitor_app, name="monitor")
+grafana_app = typer.Typer(help="Grafana dashboards of the labs, built from code.", no_args_is_help=True)
+app.add_typer(grafana_app, name="grafana")
 out = Console()
 err = Console(stderr=True)
 
@@ -303,14 +305,147 @@ def mininet_cli(name: str = typer.Argument(..., help="lab name")) -> None:
 
     from orchestrator.emulation import Lab
 
+    from orchestrator.faults import set_link_status
+
     setLogLevel("info")
     lab = Lab.attach(name)
     net = lab.net
+    # `link A B down|up` goes through the fault path: journalled, and the routes react
+    net.link_status = lambda a, b, up: set_link_status(lab, a, b, up)
     try:
         CLI(net)
     finally:
         for node in net.values():
             node.terminate()
+
+
+# -- faults -----------------------------------------------------------------------------------
+FAULT_ACTIONS = ("link-down, link-up, link-flap, link-degrade, switch-down, server-crash, server-restart, "
+                 "server-pause, partition")
+
+
+@app.command("fault")
+def fault(
+    name: str = typer.Argument(..., help="lab name"),
+    action: str = typer.Argument(..., help=f"{FAULT_ACTIONS}; or list, or heal"),
+    target: Optional[str] = typer.Argument(
+        None, help="a link A-B, a switch, a server, or servers A,B,… (partition); heal: a fault id (default: all)"),
+    duration: Optional[str] = typer.Option(
+        None, "--for", help="undo after this long, e.g. 5s: the command waits, and Ctrl-C undoes at once"),
+    rate: Optional[str] = typer.Option(None, help="link-degrade: the link's rate, e.g. 10Mbit"),
+    delay: Optional[str] = typer.Option(None, help="link-degrade: added delay, e.g. 5ms (needs sch_netem)"),
+    jitter: Optional[str] = typer.Option(None, help="link-degrade: jitter, e.g. 1ms (needs sch_netem)"),
+    loss: Optional[str] = typer.Option(None, help="link-degrade: loss percentage, e.g. 1% (needs sch_netem)"),
+    period: Optional[str] = typer.Option(None, help="link-flap: one down+up cycle, e.g. 1s (default 1s)"),
+    count: Optional[str] = typer.Option(None, help="link-flap: cycles (default 3, or as many as --for holds)"),
+    direction: Optional[str] = typer.Option(None, help="partition: both (default), in or out (as the set sees it)"),
+    as_json: bool = typer.Option(False, "--json", help="list: print the fault events as JSON"),
+) -> None:
+    """Inject a fault into a live lab, list its faults, or heal them (see README, Faults).
+
+    `testbed fault LAB link-down h00-l0s0 [--for 5s]`, `testbed fault LAB list`,
+    `testbed fault LAB heal [ID]`."""
+    from orchestrator.emulation import Lab
+    from orchestrator.faults import Injector
+
+    lab = Lab.attach(name)
+    injector = Injector(lab)
+    if action == "list":
+        _list_faults(lab, as_json)
+        return
+    if action == "heal":
+        if target is not None:
+            injector.undo(target)
+            out.print(f"fault {target} undone")
+        else:
+            healed = injector.heal()
+            out.print(f"undid {len(healed)} fault{'s' * (len(healed) != 1)} of lab {name}")
+        return
+    if target is None:
+        raise BadUsage(f"testbed fault {name} {action} needs a TARGET (a link A-B, a switch, a server, or servers A,B)")
+    seconds = _fault_duration(duration)
+    options = {"rate": rate, "delay": delay, "jitter": jitter, "loss": loss, "period": period, "count": count,
+               "direction": direction}
+    from orchestrator.faults import ACTIONS
+
+    lasting = action not in ACTIONS or ACTIONS[action].lasting
+    if seconds is not None and not lasting and action != "link-flap":
+        raise BadUsage(f"{action} is done at once: --for does not apply to it")
+    done = injector.inject(action, target, options, duration=seconds if action == "link-flap" else None)
+    fault_id, what = done.fault.id, f"{action} {done.fault.target.text}"
+    if not lasting:
+        out.print(f"{what}: done in {done.seconds * 1000:.0f} ms (fault {fault_id})", highlight=False)
+        return
+    out.print(f"fault {fault_id}: {what} applied in {done.seconds * 1000:.0f} ms", highlight=False)
+    if seconds is None:
+        out.print(f"undo it with: testbed fault {name} heal {fault_id}", highlight=False)
+        return
+    _wait_then_undo(injector, fault_id, what, seconds)
+
+
+def _fault_duration(text: Optional[str]) -> Optional[float]:
+    from orchestrator.units import parse_duration
+
+    if text is None:
+        return None
+    if text.strip().replace(".", "", 1).isdigit():
+        raise BadUsage(f"--for {text}: give a unit, e.g. 5s or 500ms")
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise BadUsage(f"--for: {exc}") from None
+    if seconds <= 0:
+        raise BadUsage(f"--for {text}: must be longer than zero")
+    return seconds
+
+
+def _wait_then_undo(injector, fault_id: str, what: str, seconds: float) -> None:
+    """Hold the fault for `seconds` behind a progress bar, then undo it; Ctrl-C, SIGTERM or
+    SIGHUP undo it at once. (A SIGKILL leaves it active: `testbed fault LAB heal` undoes it.)"""
+    import signal
+    import time
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with _progress() as progress:
+            task = progress.add_task(what[:32], total=seconds)
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(min(0.1, left))
+                progress.update(task, completed=seconds - max(0.0, end - time.monotonic()))
+    except KeyboardInterrupt:
+        err.print("interrupted: undoing the fault now")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if any(f.id == fault_id for f in injector.active()):
+            injector.undo(fault_id)
+            out.print(f"fault {fault_id} undone", highlight=False)
+        else:
+            out.print(f"fault {fault_id} was already undone (healed elsewhere)", highlight=False)
+
+
+def _list_faults(lab, as_json: bool) -> None:
+    import datetime
+
+    events = lab.state.fault_events()
+    if as_json:
+        print(json.dumps(events, indent=1))
+        return
+    if not events:
+        out.print(f"lab {lab.name} has had no faults")
+        return
+    clock = lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3] if t else "-"
+    table = Table("id", "action", "target", "params", "planned", "applied", "undone", "state")
+    for event in events:
+        params = " ".join(f"{k}={v}" for k, v in event["params"].items())
+        state = "active" if event["undone"] is None else "undone"
+        table.add_row(event["id"], event["action"], event["target"], params, clock(event["planned"]),
+                      clock(event["applied"]), clock(event["undone"]), state)
+    out.print(table, highlight=False)
 
 
 # -- predict ----------------------------------------------------------------------------------
@@ -430,8 +565,9 @@ def inventory(
 
 # -- monitoring -------------------------------------------------------------------------------
 def _monitor_line(monitor) -> str:
+    grafana = f"; grafana {monitor.grafana}" if monitor.grafana else " (no grafana-server here: `testbed grafana export`)"
     return (f"prometheus of lab {monitor.lab}: {monitor.url} (pid {monitor.pid}; targets {monitor.targets}; "
-            f"data {monitor.data})")
+            f"data {monitor.data}){grafana}")
 
 
 @monitor_app.command("up")
@@ -471,6 +607,19 @@ def monitor_status(name: str = typer.Argument(..., help="lab name")) -> None:
         error = f"  {target['lastError']}" if target.get("lastError") else ""
         out.print(f"  {target['labels'].get('node', '?'):<12} {target['scrapeUrl']:<36} {target['health']}{error}",
                   highlight=False, soft_wrap=True)
+
+
+@grafana_app.command("export")
+def grafana_export(
+    directory: Path = typer.Argument(..., help="new or empty directory (or a previous export's)"),
+    prometheus_url: str = typer.Option("http://127.0.0.1:9090", help="the Prometheus the datasource queries"),
+) -> None:
+    """Write the dashboards and Grafana provisioning files (paths.provisioning = DIRECTORY)."""
+    from orchestrator.monitoring.dashboards import export
+
+    written = export(directory, prometheus_url)
+    out.print(f"wrote {len(written)} files into {directory}: point Grafana's paths.provisioning at it",
+              highlight=False, soft_wrap=True)
 
 
 # -- images -----------------------------------------------------------------------------------

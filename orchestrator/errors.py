@@ -22,6 +22,8 @@ it never shows a traceback for these.
     ├── Interrupted               a signal stopped a build, which was rolled back; exit 128+signal
     ├── EmulationError            the kernel or Docker refused an operation while building
     ├── MonitorError              the lab's Prometheus could not start or be reached (names its log)
+    ├── FaultError                a fault names an action, target or parameter that does not fit
+    │                             the lab (names it and what would); nothing was changed; exit 2
     └── DeployError               deploying agents failed: names the host, the task and the log
 """
 
@@ -114,6 +116,14 @@ class EmulationError(TestbedError):
 
 class MonitorError(TestbedError):
     """The lab's Prometheus could not be started or reached."""
+
+
+class FaultError(TestbedError):
+    """A fault that cannot be injected on this lab: an unknown action, a node or link the lab
+    lacks, an action that does not apply to that kind of node, a bad parameter. Raised
+    before anything is journalled or changed."""
+
+    exit_code = 2
 
 
 class DeployError(TestbedError):

@@ -97,6 +97,7 @@ def _clean(name: str) -> dict[str, int]:
         by_kind[entry.kind].append(entry)
     removed: dict[str, int] = defaultdict(int)
 
+    _thaw_paused(name, by_kind["fault"])  # a stopped process or paused container dies cleanly once thawed
     for entry in by_kind["process"]:
         removed["processes"] += _kill(entry.extra.get("pid"), entry.extra.get("start"))
     for entry in by_kind["rxe"]:
@@ -132,6 +133,25 @@ def _clean(name: str) -> dict[str, int]:
         state.remove()
         removed["state"] += 1
     return {k: v for k, v in removed.items() if v}
+
+
+def _thaw_paused(name: str, faults: list) -> None:
+    """Resume what server-pause faults froze: the journalled processes (SIGCONT, only if
+    still the same process) and the lab's containers on those servers (docker unpause).
+    Links, routes and a partition's tables need nothing: they go with the namespaces."""
+    paused = [entry for entry in faults if entry.extra.get("action") == "server-pause"]
+    for entry in paused:
+        for proc in entry.extra.get("saved", {}).get("processes", []):
+            if isinstance(proc, dict) and same_process(proc.get("pid", 0), proc.get("start")):
+                try:
+                    os.kill(proc["pid"], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+    nodes = {entry.extra.get("target") for entry in paused}
+    if nodes:
+        for container in _lab_containers(name):
+            if container.get("node") in nodes:
+                docker_engine.container_action(container["name"], "cont")
 
 
 def _orphaned_probes() -> list[str]:
@@ -185,6 +205,8 @@ def _kill(pid: int | None, start: str | None) -> int:
 
 def same_process(pid: int, start: str) -> bool:
     """Does `pid` still run the process that started at `start` (not a later reuse of it)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         return process_start_time(pid) == str(start)
     except (FileNotFoundError, ProcessLookupError, IndexError):

@@ -229,3 +229,20 @@ def exec_detached(name: str, command: list[str], environment: dict[str, str] | N
         api.exec_start(handle["Id"], detach=True)
     except (APIError, NotFound) as exc:
         raise EmulationError(f"exec in {name}: {getattr(exc, 'explanation', exc)}") from None
+
+
+def container_action(name: str, action: str) -> int:
+    """stop (pause: the cgroup freezer), cont (unpause) or kill (SIGKILL) a container;
+    1 if done, 0 if the container is gone or already in that state."""
+    api = client().api
+    calls = {"stop": api.pause, "cont": api.unpause, "kill": lambda n: api.kill(n, "SIGKILL")}
+    try:
+        calls[action](name)
+    except NotFound:
+        return 0
+    except APIError as exc:
+        explanation = str(getattr(exc, "explanation", exc))
+        if exc.status_code == 409 or "not paused" in explanation or "already paused" in explanation:
+            return 0  # already paused / not paused / not running: the wanted state holds
+        raise EmulationError(f"{action} container {name}: {explanation}") from None
+    return 1

@@ -5,6 +5,8 @@ Layout (`TESTBED_STATE`, default /var/lib/testbed):
     labs/<name>/spec.json      the validated lab spec
     labs/<name>/state.json     status (building | up), lab id, management plan, runtime
     labs/<name>/journal.jsonl  one line per object, written and fsync'd BEFORE it is made
+    labs/<name>/faults.jsonl   one line per phase of each fault (planned, applied, undone)
+    labs/<name>/faults.lock    flock held while a fault changes the lab (not while it lasts)
     lock                       flock held while labs are created or removed
     locks/<name>               flock held by the process building or removing that lab
 
@@ -153,9 +155,12 @@ def _under(parent: Path, name: str) -> Path:
     return path
 
 
+_fault_cache: dict[str, tuple[tuple, list[dict]]] = {}  # faults.jsonl path → (size/mtime key, records)
+
+
 @dataclass
 class Entry:
-    kind: str  # netns | container | host_link | process | rxe | nft_table
+    kind: str  # netns | container | host_link | process | rxe | nft_table | fault
     name: str
     extra: dict
 
@@ -248,6 +253,63 @@ class LabState:
             handle.write("".join(entry.to_json() + "\n" for entry in entries))
             handle.flush()
             os.fsync(handle.fileno())
+
+    # -- faults -------------------------------------------------------------------------------
+    FAULT_PHASES = ("planned", "applied", "undone")
+
+    def record_fault_event(self, fault_id: str, phase: str, action: str, target: str, params: dict | None = None,
+                           at: float | None = None) -> None:
+        """Append one phase of a fault to faults.jsonl (fsync'd): the results' timeline and
+        what the exporter counts."""
+        assert phase in self.FAULT_PHASES, phase
+        line = json.dumps({"id": fault_id, "phase": phase, "action": action, "target": target,
+                           "params": params or {}, "time": time.time() if at is None else at})
+        with open(self.dir / "faults.jsonl", "a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def fault_events(self) -> list[dict]:
+        """Every fault of this lab, oldest first: {id, action, target, params, planned,
+        applied, undone}, the last three Unix times or None (never applied, or still active).
+        Cached on the file's size and mtime: a scrape that finds nothing new parses nothing."""
+        path = self.dir / "faults.jsonl"
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return []
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        cached = _fault_cache.get(str(path))
+        if cached is not None and cached[0] == key:
+            return [dict(f) for f in cached[1]]
+        faults: dict[str, dict] = {}
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+                record = faults.setdefault(event["id"], {
+                    "id": event["id"], "action": event["action"], "target": event["target"],
+                    "params": event.get("params", {}), "planned": None, "applied": None, "undone": None})
+                if event["phase"] in self.FAULT_PHASES:
+                    record[event["phase"]] = event["time"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+        result = list(faults.values())
+        _fault_cache[str(path)] = (key, result)
+        return [dict(f) for f in result]
+
+    def active_faults(self) -> list[dict]:
+        """Faults planned or applied and not undone (a planned one may have half-acted)."""
+        return [f for f in self.fault_events() if f["undone"] is None]
+
+    @contextmanager
+    def fault_lock(self) -> Iterator[None]:
+        """Serialise faults changing this lab (one reroute at a time sees the others' links)."""
+        with open(self.dir / "faults.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def journal(self) -> list[Entry]:
         path = self.dir / "journal.jsonl"

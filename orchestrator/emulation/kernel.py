@@ -177,22 +177,28 @@ def list_namespaces(prefix: str = "") -> list[str]:
 def pids_in(names: Iterable[str]) -> list[int]:
     """Processes whose network namespace is one of the named ones (call it after removing
     containers: their processes are Docker's to stop)."""
-    inodes = set()
+    return [pid for pids in pids_by_namespace(names).values() for pid in pids]
+
+
+def pids_by_namespace(names: Iterable[str]) -> dict[str, list[int]]:
+    """The processes in each named network namespace (one walk of /proc for all of them)."""
+    by_inode: dict[int, str] = {}
     for name in names:
         try:
-            inodes.add(os.stat(netns_path(name)).st_ino)
+            by_inode[os.stat(netns_path(name)).st_ino] = name
         except FileNotFoundError:
             continue
-    if not inodes:
-        return []
-    found = []
+    found: dict[str, list[int]] = {name: [] for name in by_inode.values()}
+    if not by_inode:
+        return found
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
-                    found.append(int(entry))
+                name = by_inode.get(os.stat(f"/proc/{entry}/ns/net").st_ino)
             except (FileNotFoundError, PermissionError, ProcessLookupError):
                 continue
+            if name is not None:
+                found[name].append(int(entry))
     return found
 
 
@@ -755,6 +761,19 @@ def add_route(
     nl.request(ns, message, f"route {prefix} in {ns}")
 
 
+
+RTM_DELROUTE = 25
+
+
+def delete_route(nl: Netlink, ns: str | None, prefix: ipaddress.IPv4Network) -> bool:
+    """Delete the main table's route to `prefix` (whatever its next hops); whether it existed."""
+    body = struct.pack("=BBBBBBBBI", socket.AF_INET, prefix.prefixlen, 0, 0, RT_TABLE_MAIN, 0, 0, 0, 0)
+    if prefix.prefixlen:
+        body += _attr(RTA_DST, prefix.network_address.packed)
+    code = nl.request(ns, _message(RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, body), f"delete route {prefix} in {ns}",
+                      ok=(errno.ESRCH,))
+    return code == 0
+
 # -- traffic control --------------------------------------------------------------------------
 HTB_ROOT, HTB_CLASS, LEAF = 0x10000, 0x10001, 0x20000
 
@@ -772,14 +791,23 @@ def shape(
     """Egress shaping: HTB at `rate_bps`, under it a `queue`-packet FIFO, or netem when the
     link has delay, jitter or loss (netem then holds the queue limit)."""
     index = nl.index(ns, ifname)
-    rate_bytes = rate_bps / 8
+    nl.request(ns, tc_message(index, "add", "htb", HTB_ROOT, default=1), f"shape {ifname}")
+    nl.request(ns, _htb_class(index, "add-class", rate_bps), f"shape {ifname}")
+    _leaf(nl, ns, ifname, index, "add", queue, delay_s, jitter_s, loss_percent)
+
+
+def _htb_class(index: int, command: str, rate_bps: int) -> bytes:
     # A burst of ~1 ms at line rate (and at least a TSO super-packet) keeps HTB near the
     # configured rate at Gbit speeds; a small quantum keeps it from complaining.
-    burst = max(int(rate_bytes / 1000), 65536 + 1514)
-    nl.request(ns, tc_message(index, "add", "htb", HTB_ROOT, default=1), f"shape {ifname}")
-    htb_class = tc_message(index, "add-class", "htb", HTB_CLASS, parent=HTB_ROOT, rate=f"{rate_bps}bit",
-                           ceil=f"{rate_bps}bit", burst=burst, cburst=burst, quantum=1514 * 8)
-    nl.request(ns, htb_class, f"shape {ifname}")
+    burst = max(int(rate_bps / 8 / 1000), 65536 + 1514)
+    return tc_message(index, command, "htb", HTB_CLASS, parent=HTB_ROOT, rate=f"{rate_bps}bit",
+                      ceil=f"{rate_bps}bit", burst=burst, cburst=burst, quantum=1514 * 8)
+
+
+def _leaf(nl: Netlink, ns: str | None, ifname: str, index: int, command: str, queue: int, delay_s: float,
+          jitter_s: float, loss_percent: float) -> None:
+    """The queue under the HTB class: netem when the link has delay, jitter or loss (netem
+    then holds the queue limit), else a `queue`-packet FIFO."""
     if delay_s or jitter_s or loss_percent:
         options = {"limit": queue}
         if delay_s:
@@ -788,9 +816,20 @@ def shape(
             options["jitter"] = int(jitter_s * 1e6)
         if loss_percent:
             options["loss"] = loss_percent
-        nl.request(ns, tc_message(index, "add", "netem", LEAF, parent=HTB_CLASS, **options), f"netem on {ifname}")
+        nl.request(ns, tc_message(index, command, "netem", LEAF, parent=HTB_CLASS, **options), f"netem on {ifname}")
     else:
-        nl.request(ns, tc_message(index, "add", "pfifo", LEAF, parent=HTB_CLASS, limit=queue), f"queue on {ifname}")
+        nl.request(ns, tc_message(index, command, "pfifo", LEAF, parent=HTB_CLASS, limit=queue), f"queue on {ifname}")
+
+
+def set_rate(nl: Netlink, ns: str | None, ifname: str, rate_bps: int) -> None:
+    """Change a shaped interface's HTB rate in place (its queue and any netem stay)."""
+    nl.request(ns, _htb_class(nl.index(ns, ifname), "change-class", rate_bps), f"rate of {ifname}")
+
+
+def set_leaf(nl: Netlink, ns: str | None, ifname: str, queue: int, delay_s: float = 0.0, jitter_s: float = 0.0,
+             loss_percent: float = 0.0) -> None:
+    """Replace a shaped interface's queue: netem with delay/jitter/loss, or the plain FIFO."""
+    _leaf(nl, ns, ifname, nl.index(ns, ifname), "replace", queue, delay_s, jitter_s, loss_percent)
 
 
 def read_rate(nl: Netlink, ns: str | None, ifname: str) -> int | None:
@@ -816,6 +855,7 @@ def links_in(nl: Netlink, ns: str | None) -> dict[str, dict]:
 
 
 IFLA_MTU, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER, IFLA_GSO_IPV4_MAX_SIZE = 4, 16, 23, 33, 63
+LINK_FACTS = frozenset({IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER, IFLA_GSO_IPV4_MAX_SIZE})
 OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")  # IF_OPER_*
 GET_LINKS = _message(18, NLM_F_REQUEST | 0x300, bytes(16))  # RTM_GETLINK, NLM_F_DUMP, an empty ifinfomsg
 
@@ -825,16 +865,45 @@ def get_link_message(ifname: str) -> bytes:
     return _message(18, NLM_F_REQUEST | NLM_F_ACK, bytes(16) + _attr(IFLA_IFNAME, ifname.encode() + b"\0"))
 
 
-def attributes(data: bytes, offset: int) -> dict[int, bytes]:
-    """kind → payload of the netlink attributes from `offset` on (nested ones undecoded)."""
+def attributes(data: bytes, offset: int, wanted: frozenset[int] | None = None) -> dict[int, bytes]:
+    """kind → payload of the netlink attributes from `offset` on (nested ones undecoded);
+    with `wanted`, only those, and no further than the last of them (a link message's
+    tail, AF_SPEC and LINKINFO, is most of it)."""
     found: dict[int, bytes] = {}
-    while offset + 4 <= len(data):
+    end, left = len(data), len(wanted) if wanted is not None else -1
+    while offset + 4 <= end:
         length, kind = struct.unpack_from("=HH", data, offset)
         if length < 4:
             break
-        found[kind & 0x3FFF] = data[offset + 4 : offset + length]
+        kind &= 0x3FFF
+        if wanted is None or kind in wanted:
+            found[kind] = data[offset + 4 : offset + length]
+            left -= 1
+            if left == 0:
+                break
         offset += (length + 3) & ~3
     return found
+
+
+def attribute_offset(data: bytes, offset: int, kind: int) -> int | None:
+    """Where the attribute `kind` starts, from `offset` on (top level only), or None."""
+    while offset + 4 <= len(data):
+        length, found = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            return None
+        if found & 0x3FFF == kind:
+            return offset
+        offset += (length + 3) & ~3
+    return None
+
+
+def attribute_at(data: bytes, offset: int, kind: int) -> bytes | None:
+    """The payload of attribute `kind` if it starts at `offset` (a place remembered from an
+    earlier message of the same interface: a dump's layout repeats), else None."""
+    if offset + 4 > len(data):
+        return None
+    length, found = struct.unpack_from("=HH", data, offset)
+    return data[offset + 4 : offset + length] if found & 0x3FFF == kind and length >= 4 else None
 
 
 def link_index(message: bytes) -> int:
@@ -844,6 +913,7 @@ def link_index(message: bytes) -> int:
 
 RTM_GETQDISC, TCA_STATS2, TCA_STATS_QUEUE, TC_H_ROOT = 38, 7, 3, 0xFFFFFFFF
 GET_QDISCS = _message(RTM_GETQDISC, NLM_F_REQUEST | 0x300, bytes(20))  # NLM_F_DUMP, an empty tcmsg
+QDISC_STATS, QUEUE_STATS = frozenset({TCA_STATS2}), frozenset({TCA_STATS_QUEUE})
 
 
 def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
@@ -853,8 +923,8 @@ def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
         _, ifindex, _, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
         if parent != TC_H_ROOT:
             continue
-        stats = attributes(message, 36).get(TCA_STATS2)  # after nlmsghdr + tcmsg
-        queue = attributes(stats, 0).get(TCA_STATS_QUEUE) if stats else None
+        stats = attributes(message, 36, QDISC_STATS).get(TCA_STATS2)  # after nlmsghdr + tcmsg
+        queue = attributes(stats, 0, QUEUE_STATS).get(TCA_STATS_QUEUE) if stats else None
         if queue:
             qlen, backlog, drops, _, overlimits = struct.unpack_from("=5I", queue)
             found[ifindex] = {"drops": drops, "overlimits": overlimits, "backlog": backlog, "qlen": qlen}
@@ -864,7 +934,7 @@ def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
 def parse_link(message: bytes) -> tuple[str, dict]:
     """(name, facts) of one RTM_NEWLINK message (header included), as links_in gives them."""
     (flags,) = struct.unpack_from("=I", message, 16 + 8)
-    attrs = attributes(message, 32)  # after nlmsghdr + ifinfomsg
+    attrs = attributes(message, 32, LINK_FACTS)  # after nlmsghdr + ifinfomsg
 
     def u32(kind: int) -> int | None:
         return struct.unpack_from("=I", attrs[kind])[0] if kind in attrs else None

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
-from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel
+from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel, nft
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, LabPlan, choose_mgmt_subnet
 from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
-from orchestrator.topology import Topology, from_lab
+from orchestrator.topology import Link, Topology, from_lab, reroute
 from orchestrator.topology.model import BRIDGE
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -205,11 +206,15 @@ class Lab:
                 for node in {a, b}:
                     self._reinstall_routes(nl, node)
 
-    def _reinstall_routes(self, nl: kernel.Netlink, node: str) -> None:
+    def _reinstall_routes(self, nl: kernel.Netlink, node: str, down: Collection[str] | None = None) -> None:
         """Put back a node's routes, each with the next hops whose interface is up (the
-        rest return when their own link does)."""
+        rest return when their own link does). `down`: the node's interfaces known to be
+        down, saving a look at the kernel's."""
         ns, congestion = self.plan.namespaces[node], self.congestion(node)
-        up = {name for name, info in kernel.links_in(nl, ns).items() if info["up"]}
+        if down is None:
+            up = {name for name, info in kernel.links_in(nl, ns).items() if info["up"]}
+        else:
+            up = set(self.topology.nodes[node].interfaces) - set(down)
         if congestion:  # the kernel remade the subnet routes of interfaces that came up, plainly
             for iface in self.topology.nodes[node].interfaces.values():
                 if iface.address is not None and iface.name in up:
@@ -218,6 +223,111 @@ class Lab:
             hops = [(h.dev, h.via) for h in route.nexthops if h.dev in up]
             if hops:
                 kernel.add_route(nl, ns, route.prefix, hops, replace=True, congestion=congestion)
+
+    # -- faults (orchestrator.faults journals them and calls these) -----------------------
+    def links_between(self, a: str, b: str) -> list[Link]:
+        """The links wiring nodes a and b together (NodeNotFound for an unknown node)."""
+        self.check_node(a)
+        self.check_node(b)
+        return [link for link in self.topology.links if set(link.nodes()) == {a, b}]
+
+    def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
+        """Take links down or up (both ends, like a cut cable) and make the network react:
+        every node whose routes stop working gets routes around the dead links (a router
+        drops a dead next hop from its ECMP groups, a BCube or torus server detours), and
+        they go back to the lab's own when the links return. `down_elsewhere`: links other
+        faults hold down, which stay down. Returns how many routes changed beyond the ends'."""
+        elsewhere = set(down_elsewhere)
+        dead_before = elsewhere | {link for link, up in changes if up}
+        dead_after = elsewhere | {link for link, up in changes if not up}
+        before = reroute.overrides(self.topology, dead_before)  # pure, decided before acting
+        after = reroute.overrides(self.topology, dead_after)
+        down: dict[str, set[str]] = {}
+        for end in reroute.dead_ends(dead_after):
+            down.setdefault(end.node, set()).add(end.interface)
+        ns, ends = self.plan.namespaces, {end.node for link, _ in changes for end in (link.a, link.b)}
+        with kernel.Netlink() as nl:
+            for link, up in changes:
+                for end in (link.a, link.b):
+                    kernel.set_link_state(nl, ns[end.node], end.interface, up)
+            for node in sorted(ends):
+                self._reinstall_routes(nl, node, down.get(node, set()))
+            return self._apply_overrides(nl, before, after, ends, down)
+
+    def _apply_overrides(self, nl: kernel.Netlink, before: reroute.Overrides, after: reroute.Overrides,
+                         refreshed: set[str], down: dict[str, set[str]]) -> int:
+        """Move the kernel from one set of reroute overrides to another: an override no longer
+        wanted gives way to the lab's own route of that prefix (or none); `refreshed` nodes had
+        their own routes reinstalled, so they get every override again."""
+        changed = 0
+        for node in sorted(set(before) | set(after)):
+            old, new = before.get(node, {}), after.get(node, {})
+            space, congestion = self.plan.namespaces[node], self.congestion(node)
+            own = {route.prefix: route for route in self.topology.routes_of(node)} if old.keys() - new.keys() else {}
+            for prefix in old.keys() - new.keys():
+                route = own.get(prefix)
+                hops = [(h.dev, h.via) for h in route.nexthops if h.dev not in down.get(node, ())] if route else []
+                if hops:
+                    kernel.add_route(nl, space, prefix, hops, replace=True, congestion=congestion)
+                else:
+                    kernel.delete_route(nl, space, prefix)
+                changed += 1
+            for prefix, hops in new.items():
+                if node in refreshed or old.get(prefix) != hops:
+                    kernel.add_route(nl, space, prefix, [(h.dev, h.via) for h in hops], replace=True,
+                                     congestion=congestion)
+                    changed += 1
+        return changed
+
+    def set_link_shape(self, link: Link, rate_bps: int | None = None, delay_s: float = 0.0, jitter_s: float = 0.0,
+                       loss_percent: float = 0.0, queue_too: bool = False) -> None:
+        """Change a link's rate (both directions) and, with `queue_too`, its queue: netem
+        delay/jitter/loss, or the plain FIFO when they are all zero."""
+        ns = self.plan.namespaces
+        with kernel.Netlink() as nl:
+            for end in (link.a, link.b):
+                if rate_bps is not None:
+                    kernel.set_rate(nl, ns[end.node], end.interface, rate_bps)
+                if queue_too:
+                    kernel.set_leaf(nl, ns[end.node], end.interface, self.spec.links.queue, delay_s, jitter_s,
+                                    loss_percent)
+
+    def server_processes(self, server: str) -> list[dict]:
+        """What runs on a netns server: {pid, start} of every process in its namespace
+        (start tells a pid apart from its later reuse). A container's are Docker's: []."""
+        self.check_node(server)
+        if self.plan.in_container(server):
+            return []
+        space = self.plan.namespaces[server]
+        found = []
+        for pid in kernel.pids_by_namespace([space]).get(space, []):
+            try:
+                found.append({"pid": pid, "start": cleanup.process_start_time(pid)})
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue  # ended meanwhile
+        return found
+
+    def signal_server(self, server: str, processes: list[dict], action: str) -> int:
+        """stop | cont | kill what runs on a server: its container (docker pause / unpause /
+        kill), or the recorded processes of its namespace that are still the same processes.
+        Returns how many were signalled."""
+        if self.plan.in_container(server):
+            return docker_engine.container_action(self.plan.container_name(server), action)
+        sig = {"stop": signal.SIGSTOP, "cont": signal.SIGCONT, "kill": signal.SIGKILL}[action]
+        sent = 0
+        for proc in processes:
+            if cleanup.same_process(proc["pid"], proc["start"]):
+                try:
+                    os.kill(proc["pid"], sig)
+                    sent += 1
+                except ProcessLookupError:
+                    pass
+        return sent
+
+    def run_nft(self, scripts: dict[str, str]) -> None:
+        """nft scripts in nodes' own namespaces (one transaction each; never the host's)."""
+        by_ns = {self.namespace(node): script for node, script in scripts.items()}
+        kernel.in_namespaces(by_ns, lambda space: nft.run(by_ns[space], space))
 
     def congestion(self, node: str) -> str | None:
         """The TCP congestion control a node's data routes carry: servers' only (switches

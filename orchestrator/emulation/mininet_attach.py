@@ -4,11 +4,17 @@
 hands out Mininet nodes whose shells enter the lab's existing namespaces or containers, so
 Mininet's CLI (`pingall`, `h00 ping h33`, `link h00 l0s0 down`, `xterm`…) and scripts using
 `node.cmd()` work on it unchanged. Nothing here creates or deletes network objects.
+
+`link A B down|up` is the one command that changes the lab: Mininet's own version only
+flips the interfaces, leaving relays without the routes the kernel dropped (BCube's pingall
+stuck at 11/12 after down and up), so it goes through `net.link_status(a, b, up)`, which
+the CLI points at the fault path and which defaults to `Lab.set_link`.
 """
 
 from __future__ import annotations
 
 from mininet.link import Intf, Link
+from mininet.log import error
 from mininet.net import Mininet
 from mininet.node import Node
 
@@ -61,10 +67,33 @@ class AttachedLink(Link):
         pass
 
 
+class AttachedNet(Mininet):
+    """Mininet's network over a live lab, whose `link` command changes the lab's links
+    through `link_status(a, b, up)` rather than flipping the interfaces behind its back."""
+
+    def __init__(self, lab, **params) -> None:
+        super().__init__(**params)
+        self.link_status = lambda a, b, up: lab.set_link(a, b, up)
+
+    def configLinkStatus(self, src: str, dst: str, status: str) -> None:  # noqa: N802 (Mininet's name)
+        if src not in self.nameToNode or dst not in self.nameToNode:
+            error(f"src or dst not in network: {src} {dst}\n")
+            return
+        if status not in ("up", "down"):
+            error(f"unknown link status {status!r}: up or down\n")
+            return
+        from orchestrator.errors import TestbedError
+
+        try:
+            self.link_status(src, dst, status == "up")
+        except TestbedError as exc:
+            error(f"{exc}\n")
+
+
 def attach(lab) -> Mininet:
     """A Mininet network for a live lab, nodes attached, nothing built."""
     Mininet.inited = True  # skip Mininet.init(): it raises host-wide limits and sysctls
-    net = Mininet(topo=None, build=False, controller=None)
+    net = AttachedNet(lab, topo=None, build=False, controller=None)
     net.built = True
     nodes = {}
     for node in lab.topology.nodes.values():
