@@ -233,7 +233,7 @@ def describe(model: type[BaseModel], exc: ValidationError) -> str:
     described = _field(owner, loc[-1]) if loc else None
     about = described.description if described is not None and described.description else ""
     if kind == "extra_forbidden":
-        known = list(owner.model_fields) if _is_model(owner) else []
+        known = [f.alias or name for name, f in owner.model_fields.items()] if _is_model(owner) else []
         hint = difflib.get_close_matches(str(loc[-1])[:40], known, n=1)
         suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
         return f"{field}: unknown key{suggestion} (known: {', '.join(known)})"
@@ -280,7 +280,11 @@ def _is_model(thing: Any) -> bool:
 
 
 def _field(owner: Any, name: Any) -> Any:
-    return owner.model_fields.get(str(name)) if _is_model(owner) else None
+    """The field a location part names: by its name, or by its alias (`for` in a file)."""
+    if not _is_model(owner):
+        return None
+    fields = owner.model_fields
+    return fields.get(str(name)) or next((f for f in fields.values() if f.alias == name), None)
 
 
 def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, tuple]:
@@ -298,6 +302,11 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[Any, tuple]:
             continue
         if current is None:  # below a plain field: the rest are union-member tags
             break
+        if isinstance(part, int):  # a list's index: the items are of the list's model
+            cleaned.append(part)
+            continue
+        if part == getattr(current, "__name__", None):  # a union member's class name: not in the file
+            continue
         owner = current
         cleaned.append(part)
         field = _field(current, part)
