@@ -114,7 +114,6 @@ def main() -> int:
             print(f"  {(time.monotonic() - wall0) / 60:4.1f} min: prometheus {memory[-1]} MiB", flush=True)
         cpu_share = (cpu_seconds(exporter_pid) - cpu0) / (time.monotonic() - wall0)
         scrapes_seen = monitor.query('count_over_time(up{job="fabric"}[1h])')
-        samples = monitor.query("prometheus_tsdb_head_series")
         monitor_down(lab)
     finally:
         cleanup.clean_lab(lab.name)
@@ -131,8 +130,7 @@ def main() -> int:
     print(f"exporter CPU {cpu_share * 100:5.2f} % of a core at 1 s scrapes over {args.minutes:g} min "
           f"(goal ≤ {CPU_GOAL * 100:.0f} %)")
     print(f"prometheus   {memory[-1] if memory else float('nan')} MiB resident after {args.minutes:g} min "
-          f"(per minute: {memory}); head series {samples[0]['value'][1] if samples else '?'}, "
-          f"fabric scrapes {scrapes_seen[0]['value'][1] if scrapes_seen else '?'}")
+          f"(per minute: {memory}); fabric scrapes {scrapes_seen[0]['value'][1] if scrapes_seen else '?'}")
     print(json.dumps({"lab": args.lab, "links": links, "scrape_median_s": round(median, 4),
                       "scrape_max_s": round(worst, 4), "floor_median_s": round(floor, 4), "library_median_s": round(generic, 4),
                       "exporter_cpu_share": round(cpu_share, 4), "prometheus_mib": memory}))

@@ -622,6 +622,126 @@ def grafana_export(
               highlight=False, soft_wrap=True)
 
 
+# -- experiments ------------------------------------------------------------------------------
+@app.command("run")
+def run_experiment(
+    experiment: Path = typer.Argument(..., help="experiment file (YAML), e.g. experiments/smoke.yaml"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="results directory (default results/NAME-UTCTIME); never overwritten"),
+    keep: bool = typer.Option(False, "--keep", help="leave the labs, agents and Prometheus up for exploration"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate, print the plan and the predictions; no root"),
+) -> None:
+    """Run an experiment: up → monitor → deploy → every sweep point and algorithm (with its
+    fault timeline) → results directory → down. Ctrl-C tears down and keeps what was measured."""
+    from orchestrator.experiment.plan import make_plan
+    from orchestrator.spec.experiment import load_experiment
+
+    spec = load_experiment(experiment)
+    plan = make_plan(spec, str(experiment))
+    if dry_run:
+        _print_plan(plan)
+        return
+    import os
+
+    if os.geteuid() != 0:
+        raise BadUsage("testbed run needs root to build labs (sudo); --dry-run does not")
+    from orchestrator.experiment import results as results_lib
+    from orchestrator.experiment.runner import run_experiment as run
+
+    directory = results_lib.new_directory(spec.name, out_dir)
+    err.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s); results in {directory}",
+              highlight=False)
+    try:
+        with _experiment_progress() as progress:
+            outcome = run(plan, experiment, directory, keep=keep, progress=progress)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: labs removed; partial results in {directory}", highlight=False)
+        raise typer.Exit(130)
+    except TestbedError:
+        err.print(f"the run failed: labs removed; partial results in {directory}", highlight=False)
+        raise
+    _print_results(outcome.results)
+    out.print(f"results in {directory}", highlight=False)
+    for name in outcome.kept:
+        out.print(f"lab {name} kept up: testbed status {name}; testbed down {name} when done", highlight=False)
+
+
+@app.command("report")
+def report_command(directory: Path = typer.Argument(..., help="a results directory of `testbed run`")) -> None:
+    """Render a results directory again from its results.json: CSV, plots, summary.md."""
+    from orchestrator.experiment.report import render
+    from orchestrator.experiment.results import load
+
+    results = load(directory)
+    written = render(directory, results)
+    _print_results(results)
+    out.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
+
+
+def _print_plan(plan) -> None:
+    spec = plan.spec
+    out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "
+              f"iterations each ({spec.warmup} warm-up), workload {spec.agents.workload.kind}, agents via "
+              f"{spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}", highlight=False)
+    table = Table("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults")
+    for planned in plan.points:
+        prediction = planned.prediction
+        table.add_row(planned.point.id, planned.point.lab.name,
+                      f"{len(planned.layout.workers)}+{len(planned.layout.servers)}", f"{prediction.seconds:.4g}",
+                      f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))
+    out.print(table)
+    faults = {f.describe() for p in plan.points for f in p.faults}
+    for line in sorted(faults):
+        out.print(f"fault: {line}", highlight=False)
+
+
+def _print_results(results: dict) -> None:
+    from orchestrator.experiment.report import TABLE_HEADER, table_rows
+
+    shown = ("point", "status", "GST mean s", "p95 s", "predicted s", "ratio", "busbw Mbit/s", "faults")
+    columns = [TABLE_HEADER.index(name) for name in shown]
+    table = Table(*shown, title=f"{results['experiment']['name']}: {results['status']}")
+    for row in table_rows(results):
+        table.add_row(*(row[i] for i in columns))
+    out.print(table)
+
+
+class _ExperimentProgress:
+    """A bar per phase (lab up, deploy, …) and one per run's iterations, on a terminal; one
+    line per stage and iteration otherwise (logs, CI, a test reading the output)."""
+
+    def __init__(self) -> None:
+        self.bars = _progress() if err.is_terminal else None
+        self.tasks: dict[str, int] = {}
+        self.last: tuple = ()
+
+    def __enter__(self) -> "_ExperimentProgress":
+        if self.bars is not None:
+            self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bars is not None:
+            self.bars.__exit__(*exc)
+
+    def __call__(self, phase: str, text: str, done: int, total: int) -> None:
+        if phase == "point":
+            return
+        label = f"{phase}: {text}" if phase != "run" else f"run {text}: iteration {done}/{total}"
+        if self.bars is None:
+            if (phase, text, done) != self.last and (phase == "run" or done in (0, total) or not total):
+                err.print(label, highlight=False, soft_wrap=True)
+                self.last = (phase, text, done)
+            return
+        key = f"run {text}" if phase == "run" else phase
+        if key not in self.tasks:
+            self.tasks[key] = self.bars.add_task(label[:60], total=total or None)
+        self.bars.update(self.tasks[key], description=label[:60], completed=done, total=total or None)
+
+
+def _experiment_progress() -> _ExperimentProgress:
+    return _ExperimentProgress()
+
+
 # -- images -----------------------------------------------------------------------------------
 @images_app.command("build")
 def images_build() -> None:

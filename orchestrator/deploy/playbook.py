@@ -8,11 +8,14 @@ host ends the run in one line naming the host, the task and the full log.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from orchestrator.errors import DeployError
 
@@ -89,6 +92,23 @@ class _Events:
         return True  # keep the event in the artifacts
 
 
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """ansible-runner (utils.signal_handler) replaces the SIGINT and SIGTERM handlers with a
+    flag of its own and never puts them back: Ctrl-C would be ignored for the rest of the
+    process. Its handlers stay in force while it runs (it cancels the playbook), ours after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def run(
     private_dir: Path,
     playbook: str,
@@ -109,29 +129,32 @@ def run(
     events = _Events(expected_results(playbook, hosts), progress)
     bin_dir = Path(sys.executable).parent
     started = time.monotonic()
-    runner = ansible_runner.run(
-        private_data_dir=str(private_dir),
-        project_dir=str(PLAYBOOKS),
-        playbook=playbook,
-        inventory=str(inventory),
-        extravars=extravars or {},
-        limit=limit,
-        forks=forks,
-        ident=ident,
-        rotate_artifacts=KEEP_ARTIFACTS,
-        timeout=timeout,
-        quiet=True,
-        suppress_env_files=True,
-        event_handler=events,
-        envvars={
-            "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
-            "ANSIBLE_HOME": str(private_dir / "home"),  # not root's ~/.ansible
-            "ANSIBLE_LOCAL_TEMP": str(private_dir / "tmp"),
-            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(private_dir / "cp"),
-            "ANSIBLE_FORKS": str(forks),
-            "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        },
-    )
+    with _signal_handlers_kept():
+        runner = ansible_runner.run(
+            private_data_dir=str(private_dir),
+            project_dir=str(PLAYBOOKS),
+            playbook=playbook,
+            inventory=str(inventory),
+            extravars=extravars or {},
+            limit=limit,
+            forks=forks,
+            ident=ident,
+            rotate_artifacts=KEEP_ARTIFACTS,
+            timeout=timeout,
+            quiet=True,
+            suppress_env_files=True,
+            event_handler=events,
+            envvars={
+                "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
+                "ANSIBLE_HOME": str(private_dir / "home"),  # not root's ~/.ansible
+                "ANSIBLE_LOCAL_TEMP": str(private_dir / "tmp"),
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(private_dir / "cp"),
+                "ANSIBLE_FORKS": str(forks),
+                "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            },
+        )
+    if runner.status == "canceled":  # by a signal ansible-runner's handler caught: ours now
+        raise KeyboardInterrupt
     stats = runner.stats or {}
     return PlaybookResult(
         playbook=playbook, status=runner.status, rc=runner.rc,

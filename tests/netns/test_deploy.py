@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import grpc
@@ -64,7 +65,16 @@ def test_every_agent_is_serving_and_supervised_in_its_namespace(fattree, deploye
 
 
 def test_a_second_deploy_changes_nothing(fattree, deployed):
-    again = deploy(fattree)
+    def mine(*_) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        again = deploy(fattree)
+        # ansible-runner swaps in its own handler: ours is back after it (Ctrl-C still works)
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sum(again.result.changed.values()) == 0, again.result.changed
     assert len([p for p in lab_processes(fattree) if p.startswith("svscan ")]) == 16  # none started twice
 

@@ -1,0 +1,111 @@
+"""The plan of an experiment, pure (no root, no I/O): its run points, every point's rank
+layout and the cost model's prediction for the very schedules its agents will run. This is
+what `testbed run --dry-run` prints, and `testbed run` refuses a plan with a point that
+cannot run before it builds anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+from orchestrator import topology as topology_lib
+from orchestrator.agent.plan import chunk_bytes
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import partitions
+from orchestrator.cost import Network, Prediction, predict_schedules
+from orchestrator.errors import FaultError, SpecError
+from orchestrator.experiment import workloads
+from orchestrator.faults.timeline import plan as plan_faults
+from orchestrator.experiment.sweep import LabVariant, RunPoint, expand, variants
+from orchestrator.spec.experiment import ExperimentSpec
+from orchestrator.spec.lab import LabSpec
+from orchestrator.topology import Topology
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Ranks of one point: workers first (server order, minus parameter servers), then the
+    algorithm's `ps` servers."""
+
+    workers: tuple[str, ...]
+    servers: tuple[str, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.workers + self.servers
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    point: RunPoint
+    layout: Layout
+    tensors: list[int]
+    prediction: Prediction
+    faults: list  # faults.timeline.PlannedFault, in the order they fall
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.tensors) * workloads.ITEMSIZE
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ExperimentSpec
+    variants: list[LabVariant]
+    points: list[PlannedPoint] = field(default_factory=list)
+
+    def of_variant(self, variant: LabVariant) -> list[PlannedPoint]:
+        return [p for p in self.points if p.point.variant.index == variant.index]
+
+
+@cache
+def _topology(lab: LabSpec) -> Topology:
+    return topology_lib.from_lab(lab)
+
+
+def topology_of(lab: LabSpec) -> Topology:
+    return _topology(lab)
+
+
+def layout(point: RunPoint, source: str) -> Layout:
+    topology = topology_of(point.lab)
+    servers = [s.name for s in topology.servers]
+    for name in point.algorithm.ps:
+        if name not in servers:
+            raise SpecError(f"{source}: agents.algorithms: {point.algorithm.key}: ps: {name} is no server of "
+                            f"{point.variant.topology} (servers {', '.join(servers[:6])}{', …' if len(servers) > 6 else ''})")
+    ps = tuple(dict.fromkeys(point.algorithm.ps))
+    return Layout(tuple(s for s in servers if s not in ps), ps)
+
+
+def context(point: RunPoint, ranks: Layout) -> Context:
+    return Context(len(ranks.workers), topology_of(point.lab), ranks.nodes, dict(point.algorithm.options))
+
+
+def predict_point(spec: ExperimentSpec, point: RunPoint, source: str) -> PlannedPoint:
+    """The point's layout and prediction, as the driver will build them; SpecError naming
+    the point if its algorithm cannot run there."""
+    ranks = layout(point, source)
+    tensors = workloads.tensors(point.workload)
+    parts = partitions(tensors, spec.partitioning.partition_bytes)
+    try:
+        schedules = registry.schedules(point.algorithm.name, context(point, ranks), sum(tensors), parts)
+        if schedules and schedules[0][1].ranks != len(ranks.nodes):
+            raise ValueError(f"it needs {schedules[0][1].ranks} agents (workers and parameter servers), the lab "
+                             f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
+        prediction = predict_schedules(
+            topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
+            chunk_bytes(schedules, spec.partitioning.credit_bytes), spec.partitioning.credit_bytes)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
+                        f"{exc}") from None
+    try:
+        faults = plan_faults(spec.faults, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name)
+    except FaultError as exc:  # "timeline events.2: ..." → the file and its field
+        raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
+    return PlannedPoint(point, ranks, tensors, prediction, faults)
+
+
+def make_plan(spec: ExperimentSpec, source: str = "experiment") -> Plan:
+    return Plan(spec, variants(spec), [predict_point(spec, point, source) for point in expand(spec)])

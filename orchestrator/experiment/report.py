@@ -1,0 +1,140 @@
+"""Rendering a results directory from its results.json: CSV files, plots, summary.md.
+
+`testbed report DIR` calls `render(DIR)`; `testbed run` calls it at the end, interrupted or not.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from orchestrator.experiment import plots
+from orchestrator.experiment import results as results_lib
+
+RESULTS_CSV = "results.csv"
+ITERATIONS_CSV = "iterations.csv"
+SUMMARY = "summary.md"
+
+# results.csv: column → how to read it from a point
+COLUMNS = {
+    "id": lambda p: p["id"], "lab": lambda p: p["lab"], "topology": lambda p: p["topology"],
+    "link_rate": lambda p: p["link_rate"], "size_bytes": lambda p: p["size_bytes"],
+    "algorithm": lambda p: p["algorithm"], "workers": lambda p: len(p["workers"]),
+    "servers": lambda p: len(p["servers"]), "status": lambda p: p["status"],
+    "gst_mean_s": lambda p: _get(p, "gst_s", "mean"), "gst_p50_s": lambda p: _get(p, "gst_s", "p50"),
+    "gst_p95_s": lambda p: _get(p, "gst_s", "p95"), "predicted_s": lambda p: _get(p, "predicted", "seconds"),
+    "ratio": lambda p: p.get("ratio"), "algbw_bytes_per_s": lambda p: p.get("algbw_bytes_per_s"),
+    "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
+    "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
+    "link_bytes_measured": lambda p: sum((p.get("bytes_per_link") or {}).get("measured", {}).values()),
+    "fault_events": lambda p: len(p.get("fault_events", [])), "error": lambda p: p.get("error") or "",
+}
+ITERATION_COLUMNS = ("id", "algorithm", "iteration", "rank", "node", "gst_s", "compute_s", "start_time",
+                     "bytes_sent", "bytes_received", "verified")
+
+
+def _get(point: dict, key: str, field: str):
+    return (point.get(key) or {}).get(field)
+
+
+def render(directory: Path, results: dict | None = None) -> list[Path]:
+    """Write every derived file of `directory` again; the files written."""
+    directory = Path(directory)
+    results = results if results is not None else results_lib.load(directory)
+    written = [write_csv(results, directory / RESULTS_CSV), write_iterations(results, directory / ITERATIONS_CSV)]
+    written += plots.draw_all(results, directory)
+    written.append(write_summary(results, directory / SUMMARY))
+    return written
+
+
+def write_csv(results: dict, path: Path) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS)
+        for point in results["points"]:
+            writer.writerow([_cell(read(point)) for read in COLUMNS.values()])
+    return path
+
+
+def write_iterations(results: dict, path: Path) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(ITERATION_COLUMNS)
+        for point in results["points"]:
+            for record in point.get("records", []):
+                row = {"id": point["id"], "algorithm": point["algorithm"], **record}
+                writer.writerow([_cell(row.get(c)) for c in ITERATION_COLUMNS])
+    return path
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _seconds(value) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def _rate(bytes_per_second) -> str:
+    return "–" if bytes_per_second is None else f"{bytes_per_second * 8 / 1e6:.4g}"
+
+
+def table_rows(results: dict) -> list[list[str]]:
+    """The summary table: one row per point (also what the CLI prints at the end)."""
+    rows = []
+    for p in results["points"]:
+        ratio = p.get("ratio")
+        rows.append([p["id"], p["algorithm"], p["topology"], p["link_rate"], f"{p['size_bytes'] / 2**20:.3g}",
+                     p["status"], _seconds(_get(p, "gst_s", "mean")), _seconds(_get(p, "gst_s", "p50")),
+                     _seconds(_get(p, "gst_s", "p95")), _seconds(_get(p, "predicted", "seconds")),
+                     "–" if ratio is None else f"{ratio:.3f}", _rate(p.get("algbw_bytes_per_s")),
+                     _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", [])))])
+    return rows
+
+
+TABLE_HEADER = ["point", "algorithm", "topology", "rate", "MiB", "status", "GST mean s", "p50 s", "p95 s",
+                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults"]
+
+
+def write_summary(results: dict, path: Path) -> Path:
+    experiment = results["experiment"]
+    status = results["status"] + (f" ({results['error']})" if results.get("error") else "")
+    lines = [f"# {experiment['name']}", ""]
+    if experiment.get("description"):
+        lines += [experiment["description"], ""]
+    wall = results.get("wall_s")
+    lines += [f"- status: **{status}**", f"- started {results['started']}, finished {results.get('finished') or '–'}"
+              + (f" ({wall:.1f} s)" if wall is not None else ""),
+              f"- labs: " + ", ".join(f"{lab['name']} ({lab['topology']}, {lab['link_rate']}, "
+                                      f"{lab['spec']['servers']['runtime']})" for lab in results["labs"]),
+              f"- experiment file: [{experiment['file']}]({experiment['file']}); all numbers: "
+              f"[results.json](results.json), [results.csv]({RESULTS_CSV}), [iterations.csv]({ITERATIONS_CSV})",
+              "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v), "",
+              "GST is the slowest agent's synchronisation time per iteration (warm-up left out); ratio = measured "
+              "mean / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
+              "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    failed = [p for p in results["points"] if p.get("error")]
+    if failed:
+        lines += ["", "## Errors", ""] + [f"- {p['id']}: {p['error']}" for p in failed]
+    events = [(p["id"], e) for p in results["points"] for e in p.get("fault_events", [])]
+    if events:
+        lines += ["", "## Fault events", "", "| point | action | target | planned | applied | undone | error |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {pid} | {e['action']} | {e['target']} | {_clock(e.get('planned'))} | {_clock(e.get('applied'))} "
+                  f"| {_clock(e.get('undone'))} | {e.get('error') or ''} |" for pid, e in events]
+    lines += ["", f"![GST per algorithm]({plots.GST_PNG})", "", f"![GST per iteration]({plots.ITERATIONS_PNG})", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _clock(moment) -> str:
+    import datetime
+
+    if moment is None:
+        return "–"
+    return datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]

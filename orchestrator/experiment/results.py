@@ -1,0 +1,147 @@
+"""The results directory of one run of an experiment, and its results.json.
+
+    results/<name>-<UTC time>/
+        experiment.yaml     the file as run (its bytes)
+        results.json        everything measured: per point the GST statistics, the prediction
+                            and their ratio, algbw/busbw, iteration times, bytes per link,
+                            fault events, every agent's records; versions; status
+        results.csv         one row per point; iterations.csv: one row per agent and iteration
+        gst.png, iterations.png, summary.md   (report.py, from results.json alone)
+
+results.json is written again after every point (atomically), so an interrupted or crashed
+run leaves what it measured, with `status` saying how it ended: running (the process died),
+complete, partial (interrupted or failed; `error` says why).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from orchestrator.errors import BadUsage
+
+SCHEMA = 1
+RESULTS = "results.json"
+EXPERIMENT = "experiment.yaml"
+
+
+def utc_stamp(moment: datetime.datetime | None = None) -> str:
+    return (moment or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_directory(name: str, out: Path | None) -> Path:
+    """The run's directory, created now: `out`, or results/<name>-<UTC time> under the
+    current directory. An existing directory is never reused (one line, exit 2)."""
+    path = out if out is not None else Path("results") / f"{name}-{utc_stamp()}"
+    if path.exists():
+        raise BadUsage(f"--out {path}: already exists; results are never overwritten: pick a new directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+    except FileExistsError:
+        raise BadUsage(f"--out {path}: already exists; results are never overwritten: pick a new directory") from None
+    except OSError as exc:
+        raise BadUsage(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
+    return path
+
+
+def versions() -> dict:
+    """What produced the numbers: package versions, Python, kernel, and the git commit."""
+    found = {"python": platform.python_version(), "kernel": platform.release()}
+    for package in ("testbed", "grpcio", "pydantic", "numpy"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5)
+        found["git_commit"] = commit.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        found["git_commit"] = None
+    return found
+
+
+def write(directory: Path, results: dict) -> None:
+    """results.json, atomically: a reader (or a crash) never sees half a file."""
+    path = directory / RESULTS
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+def load(directory: Path) -> dict:
+    path = Path(directory) / RESULTS
+    try:
+        results = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadUsage(f"{directory}: no {RESULTS} here: give a directory `testbed run` wrote") from None
+    except (OSError, ValueError) as exc:
+        raise BadUsage(f"{path}: cannot read it: {exc}") from None
+    if not isinstance(results, dict) or results.get("schema") != SCHEMA:
+        raise BadUsage(f"{path}: not a results file of this testbed (schema {SCHEMA})")
+    return results
+
+
+# -- statistics of one run ------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summary(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p95": None, "min": None, "max": None}
+    return {"mean": statistics.fmean(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
+            "min": min(values), "max": max(values)}
+
+
+def iteration_times(records: list[dict]) -> list[float]:
+    """Per iteration, from the end of the previous synchronisation (the slowest agent's) to
+    the end of this one; the first from the earliest start of its compute."""
+    by_iteration: dict[int, list[dict]] = {}
+    for record in records:
+        by_iteration.setdefault(record["iteration"], []).append(record)
+    times, previous_end = [], None
+    for iteration in sorted(by_iteration):
+        rows = by_iteration[iteration]
+        end = max(r["start_time"] + r["gst_s"] for r in rows)
+        begin = previous_end if previous_end is not None else min(r["start_time"] - r["compute_s"] for r in rows)
+        times.append(end - begin)
+        previous_end = end
+    return times
+
+
+def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
+    """The measured fields of a point from its agents' records and per-iteration GST."""
+    timed = gst[warmup:] if len(gst) > warmup else gst
+    stats = summary(timed)
+    size = point["size_bytes"]
+    mean = stats["mean"]
+    algbw = size / mean if mean else None
+    busbw = algbw * 2 * (workers - 1) / workers if algbw is not None and workers > 1 else None
+    predicted = (point.get("predicted") or {}).get("seconds")
+    return {
+        "gst_s": {**stats, "per_iteration": gst},
+        "ratio": mean / predicted if mean and predicted else None,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": busbw,
+        "iteration_s": {**summary(iteration_times(records)[warmup:]), "per_iteration": iteration_times(records)},
+        "verified": all(r["verified"] for r in records) if records else None,
+        "records": records,
+    }

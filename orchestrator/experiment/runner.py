@@ -1,0 +1,314 @@
+"""Running a planned experiment: for each lab variant, up → monitor → deploy → for each of its
+points: run (with the fault timeline) → collect; then report and down.
+
+Every point's results go to results.json as soon as it is measured. Ctrl-C, SIGTERM, SIGHUP
+or a failure stop the run where it is, mark the results partial, and the labs (with their
+agents, Prometheus and faults, all journalled) are removed, unless `keep`. A point whose
+agents fail (RunError: a crashed server, a timeout) is recorded as failed and the next one
+runs on freshly deployed agents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import grpc
+
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
+from orchestrator.cost import Network
+from orchestrator.errors import TestbedError
+from orchestrator.experiment import results as results_lib
+from orchestrator.experiment import workloads
+from orchestrator.experiment.plan import Plan, PlannedPoint, context
+from orchestrator.experiment.report import render
+from orchestrator.experiment.sweep import LabVariant
+from orchestrator.runner import driver
+
+# (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
+# point (a point's results), report, down
+Progress = Callable[[str, str, int, int], None]
+POLL_SECONDS = 0.25
+
+
+def _quiet(phase: str, text: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclasses.dataclass
+class Outcome:
+    directory: Path
+    results: dict
+    kept: list[str]  # labs left up (--keep)
+
+
+def point_entry(spec, planned: PlannedPoint) -> dict:
+    """A point as results.json holds it before it runs: what it is and what was predicted."""
+    prediction = planned.prediction
+    return {
+        **planned.point.describe(), "status": "not run", "error": None,
+        "size_bytes": planned.size_bytes, "workload": planned.point.workload.model_dump(mode="json"),
+        "workers": list(planned.layout.workers), "servers": list(planned.layout.servers),
+        "iterations": spec.iterations, "warmup": spec.warmup,
+        "partitioning": spec.partitioning.model_dump(mode="json"),
+        "predicted": {"seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
+                      "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes},
+        "fault_events": [],
+    }
+
+
+def start_results(plan: Plan, source: Path) -> dict:
+    spec = plan.spec
+    return {
+        "schema": results_lib.SCHEMA, "status": "running", "partial": True, "error": None,
+        "experiment": {"name": spec.name, "description": spec.description, "file": results_lib.EXPERIMENT,
+                       "source": str(source), "monitoring": spec.monitoring, "via": spec.agents.via,
+                       "faults": spec.faults.model_dump(mode="json", by_alias=True)},
+        "started": results_lib.now_iso(), "finished": None, "wall_s": None,
+        "versions": results_lib.versions(),
+        "labs": [{"name": v.lab.name, "topology": v.topology, "link_rate": v.link_rate,
+                  "spec": v.lab.model_dump(mode="json")} for v in plan.variants],
+        "points": [point_entry(spec, p) for p in plan.points],
+    }
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does (KeyboardInterrupt), so that the
+    teardown runs for them too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False,
+                   progress: Progress = _quiet) -> Outcome:
+    """Run every point of `plan`, writing into `directory` (made by results.new_directory)."""
+    shutil.copyfile(source, directory / results_lib.EXPERIMENT)
+    results = start_results(plan, source)
+    results_lib.write(directory, results)
+    started = time.monotonic()
+    kept: list[str] = []
+    try:
+        with _signals_interrupt():
+            for variant in plan.variants:
+                _run_variant(plan, variant, results, directory, keep, kept, progress)
+        results["status"], results["partial"] = "complete", False
+    except KeyboardInterrupt:
+        results["status"], results["error"] = "partial", "interrupted"
+        raise
+    except BaseException as exc:
+        results["status"], results["error"] = "partial", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        results["finished"], results["wall_s"] = results_lib.now_iso(), time.monotonic() - started
+        results_lib.write(directory, results)
+        progress("report", "writing the report", 0, 1)
+        render(directory, results)
+        progress("report", "report written", 1, 1)
+    return Outcome(directory, results, kept)
+
+
+def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path, keep: bool, kept: list[str],
+                 progress: Progress) -> None:
+    from orchestrator.emulation import Lab
+
+    spec = plan.spec
+    points = plan.of_variant(variant)
+    entries = {e["id"]: e for e in results["points"]}
+    lab = Lab.up(variant.lab, lambda stage, done, total: progress("up", f"{variant.lab.name}: {stage}", done, total))
+    try:
+        if spec.monitoring:
+            from orchestrator.monitoring import monitor_up
+
+            progress("monitor", f"{lab.name}: prometheus", 0, 1)
+            monitor = monitor_up(lab)
+            results.setdefault("monitoring", {})[lab.name] = {"url": monitor.url, "pid": monitor.pid}
+            progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
+        endpoints = _deploy(lab, spec.agents.via, progress)
+        for planned in points:
+            entry = entries[planned.point.id]
+            faulted = _run_point(plan, planned, lab, endpoints, entry, progress)
+            results_lib.write(directory, results)
+            progress("point", planned.point.id, points.index(planned) + 1, len(points))
+            if faulted or entry["status"] == "failed":  # a crashed or paused server's agents: deploy again
+                endpoints = _deploy(lab, spec.agents.via, progress)
+    finally:
+        if keep:
+            kept.append(lab.name)
+        else:
+            progress("down", f"{lab.name}: removing", 0, 1)
+            lab.down()  # agents, Prometheus and faults with it: all journalled
+            progress("down", f"{lab.name}: removed", 1, 1)
+
+
+def _deploy(lab, via: str, progress: Progress) -> list[driver.Endpoint]:
+    from orchestrator.deploy import deploy
+
+    deployment = deploy(lab, via=via, progress=lambda stage, done, total: progress(
+        "deploy", f"{lab.name}: {stage}", done, total))
+    return deployment.endpoints
+
+
+def ranked(endpoints: list[driver.Endpoint], planned: PlannedPoint) -> list[driver.Endpoint]:
+    """The lab's endpoints in the point's rank order: workers, then parameter servers."""
+    by_node = {e.node: e for e in endpoints}
+    workers, servers = planned.layout.workers, planned.layout.servers
+    return [dataclasses.replace(by_node[n], rank=i, role="worker") for i, n in enumerate(workers)] + \
+        [dataclasses.replace(by_node[n], rank=len(workers) + i, role="ps") for i, n in enumerate(servers)]
+
+
+def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.Endpoint], entry: dict,
+               progress: Progress) -> bool:
+    """Run one point into `entry`; whether a fault touched a server (its agents may be gone)."""
+    from orchestrator.faults.timeline import TimelineRunner
+
+    spec, point = plan.spec, planned.point
+    eps = ranked(endpoints, planned)
+    workers = len(planned.layout.workers)
+    faults = planned.faults
+    entry["status"] = "running"
+    before = _link_counters(lab)
+    timeline = TimelineRunner(lab, faults)
+
+    def on_iteration(iteration: int) -> None:
+        timeline.on_iteration(iteration)
+        progress("run", point.id, iteration, spec.iterations)
+
+    watcher = _IterationWatcher(eps, spec.iterations, on_iteration)
+    result = None
+    try:
+        with timeline, watcher:
+            result = driver.run(eps, point.algorithm.name, planned.tensors,
+                                workloads.build(point.workload, planned.tensors, workers),
+                                iterations=spec.iterations, ctx=context(point, planned.layout),
+                                partition_bytes=spec.partitioning.partition_bytes,
+                                credit_bytes=spec.partitioning.credit_bytes, timeout=spec.timeout,
+                                network=Network.from_links(lab.spec.links))
+    except driver.RunError as exc:
+        entry["status"], entry["error"] = "failed", str(exc)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        entry["status"], entry["error"] = "interrupted", "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
+        if interrupted:
+            _collect_partial(eps, planned, entry, spec.warmup, workers)
+        raise
+    finally:
+        entry["fault_events"] = [dataclasses.asdict(r) for r in timeline.events()]
+        entry["bytes_per_link"] = {"measured": _delta(before, _link_counters(lab)),
+                                   "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
+    if result is not None:
+        progress("run", point.id, spec.iterations, spec.iterations)
+        records = _records(result)
+        entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
+        entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
+        if point.workload.kind == "back-to-back" and spec.iterations > 1:
+            entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
+    return any(f.action.startswith("server-") for f in faults)
+
+
+def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: dict, warmup: int, workers: int) -> None:
+    """The iterations an interrupted run completed, from its agents (stopped first): what was
+    measured is kept. Best effort, a few seconds at most: the teardown comes next."""
+    try:
+        with driver._control_stubs(eps) as stubs:  # noqa: SLF001 - the driver's own channel set
+            for stub in stubs.values():
+                stub.Stop(pb.Empty(), timeout=2)
+            replies = [stubs[e.control].Results(pb.Empty(), timeout=3) for e in eps]
+        partial = driver.RunResult("", planned.point.algorithm.name, replies, planned.size_bytes, 0.0)
+        gst = partial.gst() if all(r.records for r in replies) else []
+        if gst:
+            entry.update(results_lib.measured_point(entry, _records(partial), gst, min(warmup, len(gst) - 1), workers))
+    except (grpc.RpcError, ValueError):
+        pass
+
+
+def _records(result: driver.RunResult) -> list[dict]:
+    return [{"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,
+             "compute_s": rec.compute_seconds, "start_time": rec.start_time, "bytes_sent": rec.bytes_sent,
+             "bytes_received": rec.bytes_received, "loss": rec.loss, "param_digest": rec.param_digest,
+             "verified": rec.verified}
+            for r in result.results for rec in r.records]
+
+
+def _link_counters(lab) -> dict[str, int]:
+    """Bytes sent so far in each direction of each fabric link, from the kernel."""
+    try:
+        links = lab.status()["links"]
+    except (TestbedError, OSError):
+        return {}
+    counters = {}
+    for link in links:
+        if link["tx_bytes"] is not None:
+            counters[f"{link['a']}→{link['b']}"] = link["tx_bytes"]
+            counters[f"{link['b']}→{link['a']}"] = link["rx_bytes"]
+    return counters
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    moved = {k: after[k] - before[k] for k in after if k in before and after[k] >= before[k]}
+    return dict(sorted(((k, v) for k, v in moved.items() if v > 0), key=lambda kv: -kv[1]))
+
+
+class _IterationWatcher:
+    """Polls the agents' Status while a run goes on and calls `on_iteration(i)` each time
+    every agent has entered iteration i (0 at once): its progress bar and the timeline's
+    iteration events. driver.run blocks until the end; this is how the experiment sees
+    iterations pass."""
+
+    def __init__(self, endpoints: list[driver.Endpoint], iterations: int, on_iteration: Callable[[int], None]) -> None:
+        self.endpoints, self.iterations, self.on_iteration = endpoints, iterations, on_iteration
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="iteration-watcher", daemon=True)
+        self._channels = [driver.control_channel(e) for e in endpoints]
+        self._stubs = [pb_grpc.ControlStub(c) for c in self._channels]
+        self._previous = self._run_ids()  # the last run's: its "done" is not this run's
+
+    def _run_ids(self) -> set[str]:
+        try:
+            return {stub.Status(pb.Empty(), timeout=2).run_id for stub in self._stubs}
+        except grpc.RpcError:
+            return set()
+
+    def __enter__(self) -> "_IterationWatcher":
+        self.on_iteration(0)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for channel in self._channels:
+            channel.close()
+
+    def _loop(self) -> None:
+        reached = 0
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                statuses = [stub.Status(pb.Empty(), timeout=2) for stub in self._stubs]
+            except grpc.RpcError:
+                continue  # a crashed server: the run itself reports it
+            ids = {s.run_id for s in statuses}
+            if len(ids) != 1 or ids <= self._previous or statuses[0].state not in ("running", "done"):
+                continue  # not every agent has started this run yet
+            entered = min(self.iterations if s.state == "done" else s.iteration for s in statuses)
+            while reached < entered:
+                reached += 1
+                self.on_iteration(reached)

@@ -1,0 +1,92 @@
+"""Sweep expansion, pure: an experiment → its lab variants and run points, before anything runs.
+
+A lab variant is the experiment's lab with one topology and one link rate of the sweep (the
+lab's own where the sweep leaves an axis out); a run point is a variant × a size × an
+algorithm. The order is the order written: topologies, then link rates, then sizes, then
+algorithms, so points of one lab variant are contiguous and one lab serves them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator import units
+from orchestrator.spec.experiment import AlgorithmSpec, ExperimentSpec
+from orchestrator.spec.lab import LabSpec
+
+_SUFFIX_ROOM = 4  # "-v99": a lab name is at most 24 characters
+
+
+@dataclass(frozen=True)
+class LabVariant:
+    index: int
+    lab: LabSpec
+
+    @property
+    def topology(self) -> str:
+        """`star-4`, `bcube-2-1`: the kind and its parameters."""
+        params = self.lab.topology.model_dump(exclude={"kind"})
+        return "-".join([self.lab.topology.kind, *(str(v) for v in params.values())])
+
+    @property
+    def link_rate(self) -> str:
+        return units.format_rate(self.lab.links.bandwidth)
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    id: str
+    variant: LabVariant
+    algorithm: AlgorithmSpec
+    workload: object  # the workload spec with the sweep's size applied
+    size_bytes: int | None  # the gradient bytes the sweep set, else the workload's own (if it has one)
+
+    @property
+    def lab(self) -> LabSpec:
+        return self.variant.lab
+
+    def describe(self) -> dict:
+        return {"id": self.id, "lab": self.lab.name, "topology": self.variant.topology,
+                "link_rate": self.variant.link_rate, "size_bytes": self.size_bytes,
+                "algorithm": self.algorithm.key, "algorithm_name": self.algorithm.name,
+                "options": self.algorithm.options, "ps": self.algorithm.ps}
+
+
+def variants(spec: ExperimentSpec) -> list[LabVariant]:
+    """Every topology × link rate of the sweep, named apart when there is more than one."""
+    topologies = spec.sweep.topologies or [spec.lab.topology]
+    rates = spec.sweep.link_rates or [spec.lab.links.bandwidth]
+    combos = [(t, r) for t in topologies for r in rates]
+    out = []
+    for index, (topology, rate) in enumerate(combos):
+        name = spec.lab.name if len(combos) == 1 else f"{spec.lab.name[:24 - _SUFFIX_ROOM]}-v{index}"
+        lab = spec.lab.model_copy(update={
+            "name": name, "topology": topology, "links": spec.lab.links.model_copy(update={"bandwidth": rate})})
+        out.append(LabVariant(index, LabSpec.model_validate(lab.model_dump())))  # validated again, whole
+    return out
+
+
+def expand(spec: ExperimentSpec) -> list[RunPoint]:
+    """The run points in the order they run; ids are unique, readable and stable."""
+    workload = spec.agents.workload
+    sizes: list[int | None] = list(spec.sweep.sizes) or [getattr(workload, "size", None)]
+    points = []
+    for variant in variants(spec):
+        for size in sizes:
+            sized = workload
+            if spec.sweep.sizes:  # a model's size replaces its scale
+                sized = workload.model_copy(update={"size": size, **({"scale": None} if "scale" in type(workload).model_fields else {})})
+            for algorithm in spec.agents.algorithms:
+                parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
+                if size is not None:
+                    parts.append(_size_slug(size))
+                parts.append(algorithm.key)
+                points.append(RunPoint("-".join(parts), variant, algorithm, sized, size))
+    return points
+
+
+def _size_slug(size: int) -> str:
+    for unit, scale in (("gib", 1 << 30), ("mib", 1 << 20), ("kib", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.4g}{unit}"
+    return f"{size}b"

@@ -1,0 +1,243 @@
+"""The experiment file: a lab, the agents' algorithms and workload, a fault timeline and sweeps.
+
+    name: smoke                                  # names the results directory
+    lab: ../topologies/bcube-4-1.yaml            # a lab file (relative to this file) or a lab mapping
+    agents:
+      via: nsenter                               # nsenter | ssh | exec (deploy.VIA)
+      algorithms:                                # the algorithm axis of the sweep
+        - ring
+        - {name: ps, options: {shards: 2}, ps: [h3]}      # separate parameter servers on h3
+        - {name: ps, label: ps-coloc, options: {colocated: true}}
+      workload: {kind: back-to-back, size: 4MB}  # or model, tensors, digits (WORKLOAD_KINDS)
+    iterations: 5
+    warmup: 1                                    # first iterations left out of the statistics
+    partitioning: {partition_bytes: 1MB, credit_bytes: 4MB}   # ByteScheduler
+    faults: {seed: 1, events: [{action: link-down, target: h00-l0s0, at_iteration: 2, for: 1s}]}
+    monitoring: true                             # a Prometheus for the lab while it runs
+    sweep:                                       # crossed with agents.algorithms, in this order
+      topologies: [bcube,2,1, {kind: star, servers: 4}]
+      link_rates: [100Mbit, 1Gbit]
+      sizes: [1MB, 4MB]                          # the workload's gradient size
+
+`load_experiment` reads it through spec/loader.py, so errors read like a lab file's:
+`smoke.yaml: agents.workload.size: ...`; a lab given as a path is read as a lab file and
+its errors name that file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
+
+from orchestrator import units
+from orchestrator.spec.lab import Bytes, LabSpec, Name, Rate, TopologySpec
+from orchestrator.spec.timeline import Timeline
+
+MAX_ITERATIONS = 100_000
+MAX_POINTS = 1000  # sweep points × algorithms: beyond this an experiment file is a typo
+VIA = ("nsenter", "ssh", "exec")  # deploy.VIA; spec/ may not import deploy (it imports the driver)
+
+Size = Annotated[Bytes, PlainSerializer(lambda b: b)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- workloads: one model per kind, told apart by `kind` ----------------------------------------
+class BackToBack(_Strict):
+    """NCCL-tests' loop: allreduces with nothing in between, one tensor of `size` bytes."""
+
+    kind: Literal["back-to-back"]
+    size: Size = Field(description="gradient bytes, e.g. 4MB")
+
+
+class ModelWorkload(_Strict):
+    """A real model's gradient layout (orchestrator/data/models.json) at a scale, with
+    emulated compute; `size` instead of `scale` picks the scale that gives that many bytes."""
+
+    kind: Literal["model"]
+    model: Literal["resnet50", "vgg19", "alexnet", "bert-base", "gpt2-small"]
+    scale: Optional[float] = Field(None, gt=0, le=1000, description="element counts × scale, e.g. 0.1")
+    size: Optional[Size] = Field(None, description="gradient bytes, e.g. 25MB (instead of scale)")
+    compute: Annotated[float, BeforeValidator(units.parse_duration)] = Field(
+        0.0, description="emulated compute per iteration, e.g. 50ms")
+
+    @model_validator(mode="after")
+    def _scale_or_size(self) -> "ModelWorkload":
+        if (self.scale is None) == (self.size is None):
+            raise ValueError("give exactly one of scale (e.g. 0.1) and size (e.g. 25MB)")
+        return self
+
+
+class TensorsWorkload(_Strict):
+    """A custom gradient layout: element counts, input to output, with emulated compute."""
+
+    kind: Literal["tensors"]
+    tensors: list[Annotated[int, Field(strict=True, ge=1, le=1 << 30)]] = Field(min_length=1, max_length=10_000)
+    compute: Annotated[float, BeforeValidator(units.parse_duration)] = 0.0
+
+
+class DigitsWorkload(_Strict):
+    """The digits MLP trained for real (scikit-learn's bundled data): every algorithm must
+    end with bit-identical parameters."""
+
+    kind: Literal["digits"]
+    hidden: int = Field(32, strict=True, ge=1, le=4096)
+    lr: float = Field(0.5, gt=0, le=100)
+    batch: int = Field(32, strict=True, ge=1, le=1797)
+    seed: int = Field(0, strict=True, ge=0)
+
+
+WorkloadSpec = Annotated[Union[BackToBack, ModelWorkload, TensorsWorkload, DigitsWorkload],
+                         Field(discriminator="kind")]
+# kinds whose gradient size a sweep may set (through their `size` field)
+SIZED_KINDS = ("back-to-back", "model")
+
+
+# -- agents ---------------------------------------------------------------------------------------
+class AlgorithmSpec(_Strict):
+    name: str = Field(description="an algorithm of collectives/registry.ALGORITHMS")
+    label: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]{0,39}$",
+                                 description="how results name it (default: name); lower case, digits, . _ -")
+    options: dict[str, Any] = Field(default_factory=dict, description="e.g. {shards: 4, colocated: true}")
+    ps: list[str] = Field(default_factory=list, max_length=4096,
+                          description="servers that run parameter servers, not workers (ps only)")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from orchestrator.collectives.registry import ALGORITHMS  # pure: a table of names
+
+        if name not in ALGORITHMS:
+            raise ValueError(f"{units.shown(name)} is no algorithm: use one of {', '.join(ALGORITHMS)}")
+        return name
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+def _algorithm(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class AgentsSpec(_Strict):
+    via: Literal["nsenter", "ssh", "exec"] = Field("nsenter", description="how agents are deployed")
+    algorithms: list[Annotated[AlgorithmSpec, BeforeValidator(_algorithm)]] = Field(min_length=1, max_length=100)
+    workload: WorkloadSpec
+
+    @field_validator("algorithms")
+    @classmethod
+    def _distinct(cls, algorithms: list[AlgorithmSpec]) -> list[AlgorithmSpec]:
+        seen: set[str] = set()
+        for algorithm in algorithms:
+            if algorithm.key in seen:
+                raise ValueError(f"{algorithm.key} is listed twice: give each a distinct label")
+            seen.add(algorithm.key)
+        return algorithms
+
+
+class PartitioningSpec(_Strict):
+    """ByteScheduler: partitions of at most `partition_bytes`, input layers first, with at
+    most `credit_bytes` of them in flight per rank (0: all)."""
+
+    partition_bytes: Optional[Size] = Field(None, description="e.g. 1MB")
+    credit_bytes: Annotated[int, BeforeValidator(lambda v: 0 if v in (0, "0") else units.parse_size(v))] = 0
+
+
+# -- sweeps ---------------------------------------------------------------------------------------
+def _topology(value: Any) -> Any:
+    """`bcube,2,1` as the lab shorthand writes it, or a topology mapping."""
+    from orchestrator.topology import SHORTHAND  # a table of parameter names; no I/O
+
+    if not isinstance(value, str):
+        return _checked_topology(value)
+    kind, *numbers = value.split(",")
+    names = SHORTHAND.get(kind.strip())
+    if names is None:
+        raise ValueError(f"{units.shown(value)}: unknown kind: use one of {', '.join(SHORTHAND)}")
+    if len(numbers) != len(names):
+        quote = " (in a [...] list, quote it: YAML splits at the commas)" if not numbers else ""
+        raise ValueError(f"{units.shown(value)}: {kind} takes {len(names)} numbers: {kind},"
+                         f"{','.join(n.upper() for n in names)}{quote}")
+    try:
+        mapping = {"kind": kind.strip(), **{n: int(v) for n, v in zip(names, numbers)}}
+    except ValueError:
+        raise ValueError(f"{units.shown(value)}: parameters must be whole numbers") from None
+    return _checked_topology(mapping, value)
+
+
+def _checked_topology(mapping: Any, written: Any = None) -> Any:
+    """The topology validated here, so that an error names the parameter (a list of tagged
+    unions loses it in pydantic's location): `{'kind': 'bcube', ...}: n: must lie ...`."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(TopologySpec).validate_python(mapping)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"][1:])  # [0] is the union's tag
+        message = error["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{units.shown(written if written is not None else mapping, 60)}: "
+                         f"{where + ': ' if where else ''}{message}") from None
+
+
+class SweepSpec(_Strict):
+    """Axes crossed with each other and with agents.algorithms, each in the order written;
+    an axis left out keeps the lab's (or workload's) one value."""
+
+    topologies: list[Annotated[TopologySpec, BeforeValidator(_topology)]] = Field(default_factory=list, max_length=100)
+    link_rates: list[Rate] = Field(default_factory=list, max_length=100)
+    sizes: list[Size] = Field(default_factory=list, max_length=100)
+
+
+# -- the file -------------------------------------------------------------------------------------
+class ExperimentSpec(_Strict):
+    name: Name
+    description: str = Field("", max_length=2000)
+    lab: LabSpec
+    agents: AgentsSpec
+    iterations: int = Field(5, strict=True, ge=1, le=MAX_ITERATIONS)
+    warmup: int = Field(0, strict=True, ge=0, le=MAX_ITERATIONS, description="first iterations left out of the statistics")
+    partitioning: PartitioningSpec = PartitioningSpec()
+    faults: Timeline = Timeline()
+    monitoring: bool = Field(False, strict=True)
+    timeout: Annotated[float, BeforeValidator(units.parse_duration)] = Field(
+        600.0, gt=0, description="per run of one algorithm, e.g. 600s")
+    sweep: SweepSpec = SweepSpec()
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> "ExperimentSpec":
+        if self.warmup >= self.iterations:
+            raise ValueError(f"warmup ({self.warmup}) must be less than iterations ({self.iterations}): "
+                             "some iterations must be measured")
+        kind = self.agents.workload.kind
+        if self.sweep.sizes and kind not in SIZED_KINDS:
+            raise ValueError(f"sweep.sizes: the {kind} workload has a fixed size; sizes apply to "
+                             f"{' and '.join(SIZED_KINDS)}")
+        points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
+                  * max(1, len(self.sweep.sizes)) * len(self.agents.algorithms))
+        if points > MAX_POINTS:
+            raise ValueError(f"the sweep expands to {points} runs, more than {MAX_POINTS}: split the experiment")
+        return self
+
+
+def load_experiment(path: str | Path) -> ExperimentSpec:
+    """The validated experiment of the file at `path`.
+
+    `lab:` as a string is a lab file relative to the experiment file's directory, read (and
+    its errors named) as a lab file; as a mapping it is validated in place."""
+    from orchestrator.errors import SpecError
+    from orchestrator.spec.loader import display_path, load, read_yaml, validate
+
+    path = Path(path)
+    data = read_yaml(path)
+    lab = data.get("lab")
+    if isinstance(lab, str):
+        if not lab.strip():
+            raise SpecError(f"{display_path(path)}: lab: empty: give a lab file or a lab mapping")
+        data = {**data, "lab": load(LabSpec, path.parent / lab).model_dump(mode="json")}
+    return validate(ExperimentSpec, data, str(path))

@@ -1,0 +1,164 @@
+"""`testbed run` end to end in bare namespaces: the smoke experiment leaves a complete results
+directory (every file checked for content) and no lab; Ctrl-C mid-run leaves no lab, no
+Prometheus, and a partial results directory. Labs are named ex-…"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.emulation import cleanup
+from tests.netns.probes import command_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = [sys.executable, "-m", "orchestrator.cli"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+FILES = {"experiment.yaml", "results.json", "results.csv", "iterations.csv", "gst.png", "iterations.png", "summary.md"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def live_labs() -> list[str]:
+    done = subprocess.run(TESTBED + ["ls", "--json"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [lab["name"] for lab in json.loads(done.stdout)]
+
+
+def prometheus_of(lab: str) -> list[str]:
+    """Prometheus and exporter processes of `lab` (their files live under its state dir)."""
+    return [c for c in command_lines(f"labs/{lab}/", live_only=True) if "prometheus" in c or "exporter" in c]
+
+
+@pytest.fixture
+def cleaned():
+    names: list[str] = []
+    yield names
+    for name in names:
+        cleanup.clean_lab(name)
+
+
+def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
+    cleaned.append("ex-smoke")
+    out = tmp_path / "smoke"
+    started = time.monotonic()
+    done = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/smoke.yaml"), "--out", str(out)],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    print(f"smoke experiment: {wall:.1f} s\n{done.stdout}")
+    assert {p.name for p in out.iterdir()} == FILES
+    assert "ex-smoke" not in live_labs() and not prometheus_of("ex-smoke")
+
+    assert (out / "experiment.yaml").read_bytes() == (ROOT / "experiments/smoke.yaml").read_bytes()
+    results = json.loads((out / "results.json").read_text())
+    spec = yaml.safe_load((ROOT / "experiments/smoke.yaml").read_text())
+    assert results["status"] == "complete" and results["partial"] is False and results["error"] is None
+    assert results["versions"]["testbed"] and results["versions"]["kernel"] == os.uname().release
+    assert [p["algorithm"] for p in results["points"]] == spec["agents"]["algorithms"]
+    iterations = spec["iterations"]
+    for point in results["points"]:
+        assert point["status"] == "done" and point["verified"] is True
+        gst = point["gst_s"]
+        assert len(gst["per_iteration"]) == iterations
+        timed = gst["per_iteration"][spec["warmup"]:]
+        assert gst["mean"] == pytest.approx(sum(timed) / len(timed))
+        assert min(timed) <= gst["p50"] <= gst["p95"] <= max(timed)
+        predicted = point["predicted"]["seconds"]
+        assert predicted > 0 and point["ratio"] == pytest.approx(gst["mean"] / predicted)
+        # the measured GST is the network's: at least the fluid time, not orders beyond it
+        assert 0.9 < point["ratio"] < 10
+        assert point["algbw_bytes_per_s"] == pytest.approx(point["size_bytes"] / gst["mean"])
+        assert point["busbw_bytes_per_s"] == pytest.approx(point["algbw_bytes_per_s"] * 2 * 3 / 4)
+        assert len(point["iteration_s"]["per_iteration"]) == iterations
+        assert len(point["records"]) == 4 * iterations
+        # every link direction carried about what the model says, per allreduce × iterations
+        measured, model = point["bytes_per_link"]["measured"], point["bytes_per_link"]["predicted_per_allreduce"]
+        assert set(measured) == set(model)
+        for link, per_allreduce in model.items():
+            assert per_allreduce * iterations <= measured[link] < per_allreduce * iterations * 1.2, link
+        [event] = point["fault_events"]
+        assert event["action"] == "link-degrade" and event["target"] == "h0-sw" and event["error"] is None
+        assert event["applied"] is not None and event["undone"] >= event["applied"]
+
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["id"] for r in rows] == [p["id"] for p in results["points"]]
+    assert float(rows[0]["gst_mean_s"]) == pytest.approx(results["points"][0]["gst_s"]["mean"], rel=1e-5)
+    records = list(csv.DictReader((out / "iterations.csv").open()))
+    assert len(records) == sum(len(p["records"]) for p in results["points"])
+    for png in ("gst.png", "iterations.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000
+    summary = (out / "summary.md").read_text()
+    assert "status: **complete**" in summary and "link-degrade" in summary
+    for point in results["points"]:
+        assert f"| {point['id']} | {point['algorithm']} |" in summary
+
+    # `testbed report` renders the same files again from results.json
+    for name in FILES - {"experiment.yaml", "results.json"}:
+        (out / name).unlink()
+    again = subprocess.run(TESTBED + ["report", str(out)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert {p.name for p in out.iterdir()} == FILES
+    assert (out / "summary.md").read_text() == summary
+
+    # a results directory is never overwritten
+    refused = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/smoke.yaml"), "--out", str(out)],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert refused.returncode == 2 and "already exists" in refused.stderr
+    assert json.loads((out / "results.json").read_text()) == results
+
+
+LONG = """
+name: ex-interrupt
+lab: {name: ex-int, topology: {kind: star, servers: 4}, links: {bandwidth: 100Mbit}, servers: {runtime: netns}}
+agents: {algorithms: [ring, mesh], workload: {kind: back-to-back, size: 2MB}}
+iterations: 40
+monitoring: true
+"""
+
+
+def test_ctrl_c_mid_run_leaves_nothing_but_partial_results(tmp_path, cleaned):
+    cleaned.append("ex-int")
+    experiment = tmp_path / "long.yaml"
+    experiment.write_text(textwrap.dedent(LONG))
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(TESTBED + ["run", str(experiment), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "iteration 1/40" in line:
+                break
+        else:
+            pytest.fail(f"no iteration showed up: {''.join(seen)[-2000:]}")
+        assert prometheus_of("ex-int"), "monitoring was on: its Prometheus should run now"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    assert "partial results in" in rest
+    assert "ex-int" not in live_labs()
+    assert not prometheus_of("ex-int")
+    assert not command_lines("labs/ex-int/", live_only=True)  # agents, supervisors, exporter: none left
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "partial" and results["partial"] is True and results["error"] == "interrupted"
+    first, second = results["points"]
+    assert first["status"] == "interrupted" and second["status"] == "not run"
+    assert first["error"] == "interrupted"
+    # what was measured before Ctrl-C is kept: at least the first iteration
+    assert 1 <= len(first["gst_s"]["per_iteration"]) < 40 and first["gst_s"]["mean"] > 0
+    assert {p.name for p in out.iterdir()} == FILES
+    assert "status: **partial (interrupted)**" in (out / "summary.md").read_text()
