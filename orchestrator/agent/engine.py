@@ -26,6 +26,7 @@ opens its connections and enters the first iteration at the instant the driver n
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -38,6 +39,22 @@ from orchestrator.agent.proto import testbed_pb2 as pb
 
 MAX_FRAME_BYTES = 2**20
 RECONNECT_WAIT = 2.0  # seconds a paced send waits for its connection before writing anyway
+
+
+# HTTP/2 keepalive on every data connection, so that a dead path (a cut link, a frozen peer)
+# ends its calls with UNAVAILABLE instead of leaving a send blocked until TCP gives up
+# (~15 minutes): a ping every 2 s while calls are open, the connection given up when one is
+# unanswered for 10 s. Generous, because a ping queues behind what the socket and the link's
+# queue hold (a few MB at 10 Mbit is seconds); the driver's stall detection names a stalled
+# run sooner. Both ends are agents, so the server accepts pings that often (by default it
+# answers more than two pings in 5 minutes without data with GOAWAY "too_many_pings").
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 10000),
+    ("grpc.http2.max_pings_without_data", 0),  # a stream blocked on a dead path sends no data
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
@@ -59,6 +76,7 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", 64 * 2**20),
         ("grpc.max_send_message_length", 64 * 2**20),
         ("grpc.http2.max_frame_size", MAX_FRAME_BYTES),
+        *KEEPALIVE,
     ]
     if window_bytes:
         return options + [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
@@ -74,6 +92,11 @@ class _Range:
     peer: int
     lo: int
     hi: int
+    start: int = -1  # where the transfer began (lo at first); -1: lo's first value
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            self.start = self.lo
 
 
 @dataclass
@@ -130,6 +153,9 @@ class Engine:
         self.unacknowledged: list[tuple[grpc.aio.StreamUnaryCall, int]] = []  # (call, destination rank)
         self.sent = 0
         self.received = 0
+        # monotonic time this rank last moved data inside an allreduce (None outside one):
+        # the driver's stall detection reads it through Status
+        self.progressed_at: float | None = None
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:
@@ -178,7 +204,8 @@ class Engine:
         return state.clear_to_apply(chunk.step, chunk.offset, chunk.offset + chunk.count)
 
     async def _progressed(self) -> None:
-        """Wake whoever waits in `_until`."""
+        """Wake whoever waits in `_until`; note the time for stall detection."""
+        self.progressed_at = time.monotonic()
         async with self.changed:
             self.changed.notify_all()
 
@@ -281,25 +308,32 @@ class Engine:
             self.unacknowledged.append((call, key[1]))
 
     async def _acknowledged(self) -> None:
-        calls, self.unacknowledged = self.unacknowledged, []
-        for call, dst in calls:
+        while self.unacknowledged:  # each dropped once in: those left are what Status reports due
+            call, dst = self.unacknowledged[0]
             try:
                 ack = await call
             except grpc.aio.AioRpcError as exc:
                 raise await self._refusal(call, dst, exc) from exc
             if not ack.ok:
                 raise RuntimeError(f"rank {dst} ({self._node(dst)}) refused a transfer: {ack.error}")
+            self.unacknowledged.pop(0)
 
     async def _refusal(self, call: grpc.aio.StreamUnaryCall, dst: int, exc: Exception) -> RuntimeError:
-        """One line on why a call to `dst` ended early: gRPC's status, or the receiver's Ack."""
-        if isinstance(exc, grpc.aio.AioRpcError):
-            reason = f"{exc.code().name}: {exc.details()}"
-        else:
-            try:
-                ack = await call
-                reason = ack.error if not ack.ok else f"{type(exc).__name__}: {exc}"
-            except grpc.aio.AioRpcError as failed:
-                reason = f"{failed.code().name}: {failed.details()}"
+        """One line on why a call to `dst` ended early: the call's own status (a failed write
+        only says "INTERNAL: Internal error from Core" where the call says, e.g., UNAVAILABLE:
+        keepalive watchdog timeout), or the receiver's Ack."""
+        def said(error: Exception) -> str:
+            if isinstance(error, grpc.aio.AioRpcError):
+                return f"{error.code().name}: {error.details()}"
+            return f"{type(error).__name__}: {error}"
+
+        try:
+            ack = await asyncio.wait_for(asyncio.shield(call), 2.0)
+            reason = ack.error if not ack.ok else said(exc)
+        except grpc.aio.AioRpcError as failed:
+            reason = said(failed)
+        except Exception:  # noqa: BLE001 - not ended in time, or unreadable: the first error then
+            reason = said(exc)
         return RuntimeError(f"sending to rank {dst} ({self._node(dst)}): {reason}")
 
     # -- one allreduce --------------------------------------------------------------------
@@ -319,6 +353,7 @@ class Engine:
                         if x.count:
                             state.sending[(step.step, i)] = _Range(step.step, x.dst, x.offset, x.offset + x.count)
             self.changed.notify_all()
+        self.progressed_at = time.monotonic()
         credit = asyncio.Condition()
         in_flight = [0]
         tasks = []
@@ -341,7 +376,9 @@ class Engine:
         try:
             await asyncio.gather(*tasks)
             await self._acknowledged()
+            self.progressed_at = None
         except BaseException:
+            self.progressed_at = None
             for task in tasks:
                 task.cancel()
             for call, _ in [*self.streams.values(), *self.unacknowledged]:
@@ -368,6 +405,31 @@ class Engine:
         A stream carries its transfers in step order because steps are written in turn."""
         await asyncio.gather(*(self._send(partition, step.step, send, (step.step, i))
                                for i, send in enumerate(step.sends) if send.count))
+
+    # -- what a stalled rank waits for (Status) --------------------------------------------
+    def stalled_seconds(self) -> float:
+        """Seconds since this rank last moved data in the current allreduce (0 outside one)."""
+        return 0.0 if self.progressed_at is None else time.monotonic() - self.progressed_at
+
+    def pending(self, limit: int = 64) -> list[pb.Pending]:
+        """The transfers of this iteration not yet done, earliest steps first: for each,
+        whether this rank could move its next chunk now (`ready`: then it waits on the peer
+        or the path between them, not on its own earlier steps)."""
+        found = []
+        for partition, state in self.states.items():
+            for r in state.receiving.values():
+                hi = min(r.hi, r.lo + self.chunk_elements)
+                found.append(pb.Pending(kind="receive", peer=r.peer, step=r.step, partition=partition,
+                                        offset=r.start, end=r.hi, done=r.lo,
+                                        ready=state.clear_to_apply(r.step, r.lo, hi)))
+            for (step, _), r in state.sending.items():
+                hi = min(r.hi, r.lo + self.chunk_elements)
+                found.append(pb.Pending(kind="send", peer=r.peer, step=step, partition=partition, offset=r.start,
+                                        end=r.hi, done=r.lo, ready=state.clear_to_send(step, r.lo, hi)))
+        if not found and self.progressed_at is not None:  # all moved: the receivers' Acks are due
+            found = [pb.Pending(kind="ack", peer=dst, ready=True) for _, dst in self.unacknowledged]
+        found.sort(key=lambda p: (p.step, p.kind != "receive", p.peer))
+        return found[:limit]
 
     async def close(self) -> None:
         for channel in self.channels.values():

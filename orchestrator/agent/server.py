@@ -55,6 +55,7 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc  # noqa: E402
 
 
 MAX_START_WAIT = 5.0  # seconds; a start time further ahead means clocks that disagree
+PENDING_AFTER = 1.0  # seconds stalled before Status lists the pending transfers (they cost a walk)
 
 
 class Agent:
@@ -75,6 +76,7 @@ class Agent:
         self.ended = asyncio.Event()  # set while no run is going on (see `wait`)
         self.ended.set()
         self.buffer_bytes = 0
+        self.watched = time.monotonic()  # an orchestrator's last Configure, Start or Wait (see `status`)
 
     # -- control ----------------------------------------------------------------------------
     async def configure(self, config: pb.RunConfig) -> None:
@@ -92,6 +94,7 @@ class Agent:
             config.chunk_bytes or plan_format.CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json),
         )
+        self.watched = time.monotonic()
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", 0
             self.state = "configured"
@@ -105,7 +108,7 @@ class Agent:
             raise RuntimeError(f"run {run_id!r} is not the configured one")
         if self.state != "configured":
             raise RuntimeError(f"cannot start from state {self.state}")
-        self.state = "running"
+        self.state, self.watched = "running", time.monotonic()
         self.ended.clear()
         self.task = asyncio.create_task(self._run(start_at))
         self.task.add_done_callback(lambda _: self.ended.set())
@@ -120,14 +123,32 @@ class Agent:
         if self.state == "running":
             self.state, self.error = "failed", "stopped"
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float, live: bool = True) -> None:
         """Return once no run is going on, or after `timeout` seconds: the orchestrator's
         long poll. Polling Status instead (20 a second per agent) cost the orchestrator 5 %
-        of a core, and the agents as much, in runs where the agents were short of CPU."""
+        of a core, and the agents as much, in runs where the agents were short of CPU.
+        `live`: its caller still waits for the answer (a frozen agent, thawed, serves the
+        calls that queued meanwhile, long given up: they do not count as watching)."""
+        if live:
+            self.watched = time.monotonic()
         try:
             await asyncio.wait_for(self.ended.wait(), timeout)
         except TimeoutError:
             pass
+        if live:
+            self.watched = time.monotonic()
+
+    def status(self) -> pb.AgentStatus:
+        """What the orchestrator polls. A pure read (it does not count as watching): the
+        driver asks it before configuring to tell a stale run from another driver's."""
+        config, engine = self.config, self.engine
+        stalled = engine.stalled_seconds() if engine is not None and self.state == "running" else 0.0
+        return pb.AgentStatus(
+            state=self.state, run_id=config.run_id if config else "", rank=config.rank if config else 0,
+            iteration=self.iteration, error=self.error, stalled_seconds=stalled,
+            unwatched_seconds=time.monotonic() - self.watched,
+            pending=engine.pending() if stalled >= PENDING_AFTER else (),
+        )
 
     async def engine_for(self, run_id: str) -> Engine:
         """The engine of run `run_id`, waiting for it to be configured (peers may be early)."""
@@ -246,15 +267,13 @@ class ControlService(pb_grpc.ControlServicer):
             return pb.Ack(ok=False, error=str(exc))
 
     async def Status(self, request, context):  # noqa: N802
-        a = self.agent
-        return pb.AgentStatus(
-            state=a.state, run_id=a.config.run_id if a.config else "", rank=a.config.rank if a.config else 0,
-            iteration=a.iteration, error=a.error,
-        )
+        return self.agent.status()
 
     async def Wait(self, request, context):  # noqa: N802
-        await self.agent.wait(min(request.timeout_seconds, 60.0))
-        return await self.Status(request, context)
+        remaining = context.time_remaining()
+        live = remaining is None or remaining > 0
+        await self.agent.wait(min(request.timeout_seconds, 60.0) if live else 0.0, live)
+        return self.agent.status()
 
     async def Results(self, request, context):  # noqa: N802
         return self.agent.results()

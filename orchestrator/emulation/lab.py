@@ -231,6 +231,16 @@ class Lab:
         self.check_node(b)
         return [link for link in self.topology.links if set(link.nodes()) == {a, b}]
 
+    def link_up(self, a: str, b: str) -> bool | None:
+        """Whether every link between a and b is up at both ends (None: no such link); what
+        driver.run's stall message names a dead path with."""
+        links = [link for link in self.topology.links if set(link.nodes()) == {a, b}]
+        if not links:
+            return None
+        with kernel.Netlink() as nl:
+            return all(kernel.links_in(nl, self.namespace(end.node)).get(end.interface, {}).get("up", False)
+                       for link in links for end in (link.a, link.b))
+
     def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
         """Take links down or up (both ends, like a cut cable) and make the network react:
         every node whose routes stop working gets routes around the dead links (a router

@@ -15,6 +15,10 @@ RESULTS_CSV = "results.csv"
 ITERATIONS_CSV = "iterations.csv"
 SUMMARY = "summary.md"
 
+def _verdict(point: dict) -> str:
+    return (point.get("fidelity") or {}).get("verdict", "–")
+
+
 # results.csv: column → how to read it from a point
 COLUMNS = {
     "id": lambda p: p["id"], "lab": lambda p: p["lab"], "topology": lambda p: p["topology"],
@@ -28,6 +32,8 @@ COLUMNS = {
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
     "link_bytes_measured": lambda p: sum((p.get("bytes_per_link") or {}).get("measured", {}).values()),
     "fault_events": lambda p: len(p.get("fault_events", [])), "error": lambda p: p.get("error") or "",
+    "verdict": _verdict, "cpu_idle_share": lambda p: (p.get("fidelity") or {}).get("cpu_idle_share"),
+    "verdict_reasons": lambda p: "; ".join((p.get("fidelity") or {}).get("reasons", [])),
 }
 ITERATION_COLUMNS = ("id", "algorithm", "iteration", "rank", "node", "gst_s", "compute_s", "start_time",
                      "bytes_sent", "bytes_received", "verified")
@@ -92,12 +98,13 @@ def table_rows(results: dict) -> list[list[str]]:
                      p["status"], _seconds(_get(p, "gst_s", "mean")), _seconds(_get(p, "gst_s", "p50")),
                      _seconds(_get(p, "gst_s", "p95")), _seconds(_get(p, "predicted", "seconds")),
                      "–" if ratio is None else f"{ratio:.3f}", _rate(p.get("algbw_bytes_per_s")),
-                     _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", [])))])
+                     _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", []))), _verdict(p)])
     return rows
 
 
+
 TABLE_HEADER = ["point", "algorithm", "topology", "rate", "MiB", "status", "GST mean s", "p50 s", "p95 s",
-                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults"]
+                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults", "verdict"]
 
 
 def write_summary(results: dict, path: Path) -> Path:
@@ -118,6 +125,10 @@ def write_summary(results: dict, path: Path) -> Path:
               "mean / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]
+    if degraded:
+        lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's:", ""]
+        lines += [f"- {p['id']}: " + "; ".join(p["fidelity"]["reasons"]) for p in degraded]
     failed = [p for p in results["points"] if p.get("error")]
     if failed:
         lines += ["", "## Errors", ""] + [f"- {p['id']}: {p['error']}" for p in failed]

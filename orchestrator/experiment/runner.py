@@ -26,10 +26,11 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.cost import Network
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
-from orchestrator.experiment import workloads
+from orchestrator.experiment import verdict, workloads
 from orchestrator.experiment.plan import Plan, PlannedPoint, context
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
+from orchestrator.monitoring.exporter import FabricCollector, host_cpu
 from orchestrator.runner import driver
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
@@ -185,7 +186,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     workers = len(planned.layout.workers)
     faults = planned.faults
     entry["status"] = "running"
-    before = _link_counters(lab)
+    fabric = FabricCollector(lab)
+    before = _fabric(fabric)
     timeline = TimelineRunner(lab, faults)
 
     def on_iteration(iteration: int) -> None:
@@ -201,7 +203,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                 iterations=spec.iterations, ctx=context(point, planned.layout),
                                 partition_bytes=spec.partitioning.partition_bytes,
                                 credit_bytes=spec.partitioning.credit_bytes, timeout=spec.timeout,
-                                network=Network.from_links(lab.spec.links))
+                                network=Network.from_links(lab.spec.links), link_state=lab.link_up)
     except driver.RunError as exc:
         entry["status"], entry["error"] = "failed", str(exc)
     except BaseException as exc:
@@ -211,8 +213,9 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             _collect_partial(eps, planned, entry, spec.warmup, workers)
         raise
     finally:
+        after = _fabric(fabric)
         entry["fault_events"] = [dataclasses.asdict(r) for r in timeline.events()]
-        entry["bytes_per_link"] = {"measured": _delta(before, _link_counters(lab)),
+        entry["bytes_per_link"] = {"measured": _delta(before["bytes"], after["bytes"]),
                                    "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
     if result is not None:
         progress("run", point.id, spec.iterations, spec.iterations)
@@ -221,6 +224,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and spec.iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
+    entry["fidelity"] = _judge(entry, before, after, float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)
 
 
@@ -248,18 +252,37 @@ def _records(result: driver.RunResult) -> list[dict]:
             for r in result.results for rec in r.records]
 
 
-def _link_counters(lab) -> dict[str, int]:
-    """Bytes sent so far in each direction of each fabric link, from the kernel."""
+FABRIC = {"bytes": "testbed_link_transmit_bytes", "packets": "testbed_link_transmit_packets",
+          "drops": "testbed_link_qdisc_drops"}
+
+
+def _fabric(collector: FabricCollector | None) -> dict[str, dict[str, int]]:
+    """Per counter (bytes, packets, drops), each fabric link direction's total so far, from
+    the kernel as the exporter reads it; plus the host's CPU seconds (idle, busy)."""
+    counters: dict[str, dict[str, int]] = {key: {} for key in FABRIC}
+    counters["cpu"] = host_cpu()
+    if collector is None:
+        return counters
     try:
-        links = lab.status()["links"]
+        families = collector.snapshot()
     except (TestbedError, OSError):
-        return {}
-    counters = {}
-    for link in links:
-        if link["tx_bytes"] is not None:
-            counters[f"{link['a']}→{link['b']}"] = link["tx_bytes"]
-            counters[f"{link['b']}→{link['a']}"] = link["rx_bytes"]
+        return counters
+    by_name = {name: key for key, name in FABRIC.items()}
+    for family, samples in families:
+        if family.name in by_name:
+            counters[by_name[family.name]] = {values[0]: int(value) for values, value in samples}
     return counters
+
+
+def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> dict:
+    """The point's fidelity verdict from what moved while it ran."""
+    cpu = {mode: after["cpu"][mode] - before["cpu"][mode] for mode in ("idle", "busy")}
+    total = cpu["idle"] + cpu["busy"]
+    facts = {"cpu_idle_share": cpu["idle"] / total if total > 0 else None, "seconds": entry.get("wall_s"),
+             "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"),
+             **{f"link_{key}": _delta(before[key], after[key]) for key in FABRIC}}
+    return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],
+            "drops": sum(facts["link_drops"].values())}
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import queue
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +32,8 @@ from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import TestbedError
+
+log = logging.getLogger("testbed.driver")
 
 CONTROL_SERVICE = "testbed.Control"  # its name in the standard health check
 BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message_length", 256 * 2**20)]
@@ -178,6 +181,8 @@ def run(
     timeout: float = 600.0,
     network: Network | None = None,
     pace: bool = True,
+    stall_timeout: float | None = None,
+    link_state: Callable[[str, str], bool | None] | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -187,6 +192,13 @@ def run(
     `plan.chunk_bytes`). `network`: the lab's links (`cost.Network.from_links(spec.links)`);
     with it and `ctx.topology` the result carries the cost model's prediction, and (unless
     `pace` is False) every connection is paced at its fair share of the link (cost.shares).
+
+    Failure detection: the run fails as soon as no rank has moved data for `stall_timeout`
+    seconds (default: `default_stall_timeout`), naming the stalled ranks, the peers they wait
+    for and, in a lab, the path between them; `link_state(a, b)` (True up, False down, None
+    unknown), when given, names the link of that path that is down. Before configuring, a
+    stale run an agent still holds (its driver gone, or the agent frozen and thawed) is
+    stopped, with one warning on the "testbed.driver" logger.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -204,6 +216,8 @@ def run(
         plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
     else:
         plans = build_rank_plans(schedules, ranks)
+    stall_timeout = stall_timeout or default_stall_timeout(predicted)
+    path_of = _path_finder(ctx) if in_lab else None
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
@@ -228,6 +242,7 @@ def run(
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
 
     with _control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
+        _stop_stale(endpoints, stubs, pool)
         list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))
         started = time.monotonic()
         # all ranks enter the first iteration together, once every Start has arrived
@@ -237,7 +252,7 @@ def run(
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-        _wait(endpoints, stubs, started + timeout)
+        _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, link_state))
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
     return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
@@ -272,44 +287,246 @@ def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | No
 
 LONG_POLL_SECONDS = 1.0
 START_MARGIN_SECONDS = 1.0  # for every agent to get its Start call and open its connections
+TICK_SECONDS = 0.25  # how often the driver looks for a stall between answers
+STALL_SECONDS = 5.0  # the least stall timeout: longer than any hiccup of a busy host
+SILENT_SECONDS = LONG_POLL_SECONDS + 2.0  # an agent answers a long poll every second
+STALE_SECONDS = 3 * LONG_POLL_SECONDS  # a run unwatched this long has no driver any more
+STOP_SECONDS = 2.0  # for the Stop calls that end a failed run (a frozen agent never answers)
 
 
-def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float) -> None:
+def default_stall_timeout(predicted: Prediction | None) -> float:
+    """`STALL_SECONDS`, or twice the predicted allreduce when longer (a lab's slow links).
+    A stall is no data moved by any rank, computing ranks counting as moving: even the
+    slowest step of a plan moves some chunk well within a whole allreduce's time."""
+    return max(STALL_SECONDS, 2 * predicted.seconds) if predicted is not None else STALL_SECONDS
+
+
+def _path_finder(ctx: Context) -> Callable[[str, str], list[str]]:
+    """The node path routing takes between two servers of the lab ([] if it has none)."""
+    def path(src: str, dst: str) -> list[str]:
+        try:
+            return ctx.topology.path(src, dst)
+        except Exception:  # noqa: BLE001 - a diagnosis without a path is still one
+            return []
+    return path
+
+
+def _stop_stale(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], pool: ThreadPoolExecutor) -> None:
+    """Stop the run an agent still holds when nobody has watched it for `STALE_SECONDS` (its
+    driver died, or the agent was frozen and thawed): it would refuse Configure. A run that
+    another orchestrator is watching is left alone, and this run refused in one line."""
+    def status(endpoint: Endpoint) -> pb.AgentStatus:
+        try:
+            return stubs[endpoint.control].Status(pb.Empty(), timeout=10)
+        except grpc.RpcError as exc:
+            if refused := _refused(exc, endpoint):
+                raise refused from None
+            raise RunError(f"rank {endpoint.rank} ({endpoint.node}) does not answer ({exc.code().name}): "
+                           "is its agent frozen or gone? start the lab's agents again") from None
+
+    # a run is stale once unwatched for STALE_SECONDS; a frozen agent just thawed may serve
+    # the long polls queued while it was frozen, so look again for a while before refusing
+    busy = [(e, found) for e, found in zip(endpoints, pool.map(status, endpoints)) if found.state == "running"]
+    deadline = time.monotonic() + STALE_SECONDS + 2 * LONG_POLL_SECONDS
+    while busy:
+        for endpoint, found in busy:
+            if found.unwatched_seconds >= STALE_SECONDS:
+                stubs[endpoint.control].Stop(pb.Empty(), timeout=10)
+                log.warning("rank %d (%s) still ran run %s, unwatched for %.0f s (its driver gone, or the agent "
+                            "frozen): stopped it", endpoint.rank, endpoint.node, found.run_id, found.unwatched_seconds)
+        busy = [(e, found) for e, found in busy if found.unwatched_seconds < STALE_SECONDS]
+        if busy and time.monotonic() > deadline:
+            endpoint, found = busy[0]
+            raise RunError(f"rank {endpoint.rank} ({endpoint.node}) is busy with run {found.run_id}, which an "
+                           f"orchestrator watched {found.unwatched_seconds:.1f} s ago: wait for it to end or stop it")
+        if busy:
+            time.sleep(TICK_SECONDS)
+            busy = [(e, found) for e, found in ((e, status(e)) for e, _ in busy) if found.state == "running"]
+
+
+@dataclass
+class RankView:
+    """What the driver knows of one rank while it waits: its last status and how old it is."""
+
+    rank: int
+    node: str
+    status: pb.AgentStatus | None  # None: it has not answered since the run started
+    silent: float  # seconds since its last answer
+    stalled: float  # seconds since it last moved data, by its last answer and the time since
+
+
+@dataclass
+class Stall:
+    """When a run has stalled, and one line on why (`message`)."""
+
+    algorithm: str
+    timeout: float
+    path_of: Callable[[str, str], list[str]] | None = None
+    link_state: Callable[[str, str], bool | None] | None = None
+
+    def stalled(self, views: list[RankView]) -> bool:
+        """No rank has moved data (or computed, or answered) for `timeout` seconds."""
+        return bool(views) and min(v.stalled for v in views) >= self.timeout
+
+    def message(self, views: list[RankView]) -> str:
+        return stall_message(self.algorithm, views, self.timeout, self.path_of, self.link_state)
+
+
+def stall_message(algorithm: str, views: list[RankView], timeout: float,
+                  path_of: Callable[[str, str], list[str]] | None = None,
+                  link_state: Callable[[str, str], bool | None] | None = None) -> str:
+    """One line on a stalled run: ranks that stopped answering, else the ranks that wait for
+    a peer that has sent them data (or is sending it) that does not arrive — the path
+    between them is dead — with that path and, known or guessed, its dead link."""
+    by_rank = {v.rank: v for v in views}
+    silent = [v for v in views if v.silent >= SILENT_SECONDS]
+    edges = _dead_edges(views, {v.rank for v in silent})
+    steps = [step for _, _, step in edges] or [p.step for v in views if v.status for p in v.status.pending]
+    iterations = [v.status.iteration for v in views if v.status and v.status.state == "running"]
+    where = f" at iteration {min(iterations)}" if iterations else ""
+    where += f" step {min(steps)}" if steps else ""
+    head = f"{algorithm} stalled{where}: "
+    if silent:
+        parts = [f"rank {v.rank} ({v.node}) has not answered for {v.silent:.1f} s" + _waited_by(v.rank, views)
+                 for v in silent]
+        return head + "; ".join(parts) + " (frozen, or its management path down?): thaw or restart it and run again"
+    if not edges:
+        waits = [f"rank {v.rank} ({v.node}) waits for {_peers(v, by_rank)}" for v in views if v.status]
+        return head + f"no data moved for {timeout:.1f} s; " + "; ".join(waits[:4] or ["no rank says why"])
+    paths = {}
+    parts = []
+    for src, dst, _ in edges[:4]:
+        s, d = by_rank[src], by_rank[dst]
+        part = f"rank {d.rank} ({d.node}) waits for rank {s.rank} ({s.node}) since {d.stalled:.1f} s"
+        path = path_of(s.node, d.node) if path_of else []
+        if path:
+            paths[(src, dst)] = path
+            part += f"; path {'→'.join(path)}"
+        parts.append(part)
+    return head + "; ".join(parts) + _link_verdict(list(paths.values()), link_state)
+
+
+def _dead_edges(views: list[RankView], silent: set[int]) -> list[tuple[int, int, int]]:
+    """(sender, receiver, step) of transfers a receiver is ready for while the sender has
+    written that data already, or is blocked writing it: nothing else holds it back."""
+    statuses = {v.rank: v.status for v in views if v.status is not None and v.rank not in silent}
+    edges = []
+    for rank, status in statuses.items():
+        for wait in status.pending:
+            if wait.kind != "receive" or not wait.ready or wait.peer not in statuses:
+                continue
+            sends = [q for q in statuses[wait.peer].pending
+                     if q.kind == "send" and q.peer == rank and q.step == wait.step and q.partition == wait.partition
+                     and q.offset <= wait.done < q.end]
+            # no such send left: written in full; else written past what arrived, or ready to write
+            if all(q.done > wait.done or q.ready for q in sends):
+                edges.append((wait.peer, rank, wait.step))
+    first: dict[tuple[int, int], int] = {}
+    for src, dst, step in edges:  # one per pair: its earliest step
+        first[(src, dst)] = min(step, first.get((src, dst), step))
+    return sorted(((src, dst, step) for (src, dst), step in first.items()), key=lambda e: (e[2], e[1], e[0]))
+
+
+def _waited_by(rank: int, views: list[RankView]) -> str:
+    waiting = sorted({v.rank for v in views if v.status and any(p.peer == rank for p in v.status.pending)})
+    if not waiting:
+        return ""
+    return f" (rank {waiting[0]} waits for it)" if len(waiting) == 1 else \
+        f" (ranks {', '.join(map(str, waiting))} wait for it)"
+
+
+def _peers(view: RankView, by_rank: dict[int, RankView]) -> str:
+    ranks = sorted({p.peer for p in view.status.pending if p.ready})
+    named = [f"rank {r} ({by_rank[r].node})" if r in by_rank else f"rank {r}" for r in ranks]
+    return ", ".join(named[:3]) or "nothing it can name"
+
+
+def _link_verdict(paths: list[list[str]], link_state: Callable[[str, str], bool | None] | None) -> str:
+    """The link of these paths that is down (asked of `link_state`), else the one link all of
+    them share, which would explain them all."""
+    links = [list(zip(path, path[1:])) for path in paths]
+    if not links:
+        return ""
+    if link_state is not None:
+        down = sorted({"-".join(sorted((a, b))) for path in links for a, b in path if link_state(a, b) is False})
+        if down:
+            return f" (link {', '.join(down)} down): heal it and run again"
+    shared = set.intersection(*({frozenset(link) for link in path} for path in links))
+    if len(shared) == 1 and (len(links) > 1 or len(links[0]) == 1):
+        a, b = sorted(next(iter(shared)))
+        return f" (link {a}-{b} down?): check it and run again"
+    return " (a link of it down?): check them and run again"
+
+
+def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float, stall: Stall) -> None:
     """Until every agent is done: one long-polling Wait per agent at a time (see Agent.wait),
-    answered the moment its run ends; the first failure stops them all."""
+    answered the moment its run ends; the first failure stops them all, and so does a stall
+    (`Stall`: checked on every answer and every `TICK_SECONDS`)."""
     answers: queue.Queue[tuple[Endpoint, grpc.Future]] = queue.Queue()
 
     def ask(endpoint: Endpoint) -> None:
         wait = min(LONG_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
-        future = stubs[endpoint.control].Wait.future(pb.WaitRequest(timeout_seconds=wait), timeout=wait + 10)
+        # the stall check names an agent that stopped answering first, with what waits for it
+        future = stubs[endpoint.control].Wait.future(pb.WaitRequest(timeout_seconds=wait),
+                                                     timeout=wait + stall.timeout + 10)
         future.add_done_callback(lambda f: answers.put((endpoint, f)))
 
     for endpoint in endpoints:
         ask(endpoint)
     pending = {e.rank: e for e in endpoints}
+    last: dict[int, tuple[pb.AgentStatus | None, float]] = {e.rank: (None, time.monotonic()) for e in endpoints}
     while pending:
         try:
-            endpoint, future = answers.get(timeout=max(0.0, deadline - time.monotonic()) + 1)
+            endpoint, future = answers.get(timeout=max(0.0, min(TICK_SECONDS, deadline - time.monotonic())))
         except queue.Empty:
             endpoint, future = None, None
         if future is not None:
             try:
                 status = future.result()
             except grpc.RpcError as exc:
-                _call_each(stubs, "Stop")
+                _stop_all(stubs)
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) stopped answering: {exc.code().name}") from exc
+            last[endpoint.rank] = (status, time.monotonic())
             if status.state == "failed":
-                _call_each(stubs, "Stop")
+                _stop_all(stubs)
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
             if status.state == "done":
                 del pending[endpoint.rank]
             elif time.monotonic() <= deadline:
                 ask(endpoint)
-                continue
+        if stall.stalled(_views(pending, last)):
+            views = _views({e.rank: e for e in endpoints}, last)
+            message = stall.message(views)
+            silent = {e.control for e, v in zip(endpoints, views) if v.silent >= SILENT_SECONDS}
+            _stop_all(stubs, silent)
+            raise RunError(message)
         if pending and time.monotonic() > deadline:
-            _call_each(stubs, "Stop")
+            _stop_all(stubs)
             names = ", ".join(e.node for e in list(pending.values())[:4])
             raise RunError(f"run timed out waiting for {names}")
+
+
+def _views(ranks: dict[int, Endpoint], last: dict[int, tuple[pb.AgentStatus | None, float]]) -> list[RankView]:
+    now = time.monotonic()
+    views = []
+    for rank, endpoint in sorted(ranks.items()):
+        status, answered = last[rank]
+        reported = status.stalled_seconds if status is not None and status.state == "running" else 0.0
+        views.append(RankView(rank, endpoint.node, status, now - answered, reported + now - answered))
+    return views
+
+
+def _stop_all(stubs: dict[str, pb_grpc.ControlStub], silent: set[str] = frozenset()) -> None:
+    """Stop on every agent at once: a frozen one costs its timeout once, not once per agent,
+    and nothing when known `silent` (by control address: its Stop is sent, not awaited)."""
+    futures = {address: stub.Stop.future(pb.Empty(), timeout=STOP_SECONDS) for address, stub in stubs.items()}
+    for address, future in futures.items():
+        if address in silent:
+            continue
+        try:
+            future.result()
+        except grpc.RpcError:
+            pass
 
 
 def _call_each(stubs: dict[str, pb_grpc.ControlStub], method: str) -> None:

@@ -85,12 +85,18 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert set(measured) == set(model)
         for link, per_allreduce in model.items():
             assert per_allreduce * iterations <= measured[link] < per_allreduce * iterations * 1.2, link
+        # the fidelity verdict: the CPU's headroom measured, and each reason for what it finds
+        fidelity = point["fidelity"]
+        assert 0 < fidelity["cpu_idle_share"] < 1 and fidelity["verdict"] in ("ok", "degraded")
+        assert (fidelity["verdict"] == "degraded") == bool(fidelity["reasons"])
+        assert any("measured/predicted" in r for r in fidelity["reasons"]) == (point["ratio"] > 1.10)
         [event] = point["fault_events"]
         assert event["action"] == "link-degrade" and event["target"] == "h0-sw" and event["error"] is None
         assert event["applied"] is not None and event["undone"] >= event["applied"]
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["id"] for r in rows] == [p["id"] for p in results["points"]]
+    assert [r["verdict"] for r in rows] == [p["fidelity"]["verdict"] for p in results["points"]]
     assert float(rows[0]["gst_mean_s"]) == pytest.approx(results["points"][0]["gst_s"]["mean"], rel=1e-5)
     records = list(csv.DictReader((out / "iterations.csv").open()))
     assert len(records) == sum(len(p["records"]) for p in results["points"])
@@ -115,6 +121,38 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
                              capture_output=True, text=True, env=ENV, timeout=120)
     assert refused.returncode == 2 and "already exists" in refused.stderr
     assert json.loads((out / "results.json").read_text()) == results
+
+
+SMALL = """
+name: ex-busy
+lab: {name: ex-busy, topology: {kind: star, servers: 4}, links: {bandwidth: 100Mbit}, servers: {runtime: netns}}
+agents: {via: exec, algorithms: [ring], workload: {kind: back-to-back, size: 2MB}}
+iterations: 4
+monitoring: false
+"""
+HOG = "while True: pass"
+
+
+def test_the_verdict_is_degraded_on_an_overloaded_machine(tmp_path, cleaned):
+    """Busy loops on every CPU (twice over) while the experiment runs: its figure is the
+    machine's, and the verdict says so, naming the CPU."""
+    cleaned.append("ex-busy")
+    experiment = tmp_path / "busy.yaml"
+    experiment.write_text(SMALL)
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        done = subprocess.run(TESTBED + ["run", str(experiment), "--out", str(tmp_path / "out")],
+                              capture_output=True, text=True, env=ENV, timeout=600)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert done.returncode == 0, done.stderr[-2000:]
+    [point] = json.loads((tmp_path / "out" / "results.json").read_text())["points"]
+    fidelity = point["fidelity"]
+    assert fidelity["verdict"] == "degraded" and fidelity["cpu_idle_share"] < 0.2, fidelity
+    assert any("idle while it ran" in reason for reason in fidelity["reasons"]), fidelity
+    assert "degraded" in (tmp_path / "out" / "summary.md").read_text()
 
 
 LONG = """

@@ -1,0 +1,70 @@
+"""Whether a point's figure is the emulated network's (Mininet-HiFi's idea): "ok", or
+"degraded" with the reasons, so a figure measured on an overloaded machine is never taken for
+a network effect. Pure: it judges what the runner measured around the point.
+
+Checks, each a row of CHECKS (name → function of the point's facts → a reason or None):
+- CPU headroom: the host's idle share while the point ran. Below MIN_IDLE the agents and the
+  kernel's shapers compete for the CPU, and the clock, not the link, may set the pace.
+- Shaping: no link direction may carry more than its configured rate over the run (it would
+  mean the shaper did not hold, so the figure is not that of the configured network).
+- Loss: qdisc drops over MAX_DROP_SHARE of a direction's packets: TCP's recovery, which the
+  cost model leaves out, then weighs in the time.
+- Prediction: measured / predicted over MAX_RATIO (issue 14's bar).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+MIN_IDLE = 0.20
+MAX_OVERRATE = 1.05  # shaping granularity (HTB bursts) within a run of seconds
+MAX_DROP_SHARE = 0.01
+MAX_RATIO = 1.10
+
+
+def _cpu(facts: dict) -> str | None:
+    idle = facts.get("cpu_idle_share")
+    if idle is not None and idle < MIN_IDLE:
+        return f"CPU {idle:.0%} idle while it ran (< {MIN_IDLE:.0%}): the machine, not the network, may set the pace"
+    return None
+
+
+def _shaping(facts: dict) -> str | None:
+    seconds, rate = facts.get("seconds"), facts.get("rate_bytes_per_s")
+    sent = facts.get("link_bytes") or {}
+    if not seconds or not rate or not sent:
+        return None
+    link, most = max(sent.items(), key=lambda kv: kv[1])
+    achieved = most / seconds
+    if achieved > MAX_OVERRATE * rate:
+        return f"link {link} carried {achieved / rate:.2f}× its configured rate: its shaper did not hold"
+    return None
+
+
+def _loss(facts: dict) -> str | None:
+    drops, packets = facts.get("link_drops") or {}, facts.get("link_packets") or {}
+    worst = max(((link, dropped / packets[link]) for link, dropped in drops.items() if packets.get(link)),
+                key=lambda kv: kv[1], default=None)
+    if worst and worst[1] > MAX_DROP_SHARE:
+        return f"link {worst[0]} dropped {worst[1]:.1%} of its packets (> {MAX_DROP_SHARE:.0%}): loss recovery is in the time"
+    return None
+
+
+def _prediction(facts: dict) -> str | None:
+    ratio = facts.get("ratio")
+    if ratio is not None and ratio > MAX_RATIO:
+        return f"measured/predicted {ratio:.2f} > {MAX_RATIO:.2f}"
+    return None
+
+
+CHECKS: dict[str, Callable[[dict], str | None]] = {
+    "cpu": _cpu, "shaping": _shaping, "loss": _loss, "prediction": _prediction,
+}
+
+
+def judge(facts: dict) -> dict:
+    """{"verdict": "ok" | "degraded", "reasons": [...]} of a point's facts: cpu_idle_share,
+    seconds (wall time of the run), rate_bytes_per_s (configured), link_bytes, link_packets,
+    link_drops (per direction, over the run) and ratio; a missing fact skips its check."""
+    reasons = [reason for check in CHECKS.values() if (reason := check(facts))]
+    return {"verdict": "degraded" if reasons else "ok", "reasons": reasons}
