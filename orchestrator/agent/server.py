@@ -68,6 +68,8 @@ class Agent:
         self.config: pb.RunConfig | None = None
         self.engine: Engine | None = None
         self.records: list[pb.IterationRecord] = []
+        self.recorded = asyncio.Condition()  # notified on every record and when a run ends
+        self.model: workloads.DigitsMLP | None = None
         self.iteration = 0
         self.task: asyncio.Task | None = None
         self.ready = asyncio.Condition()
@@ -96,7 +98,8 @@ class Agent:
         )
         self.watched = time.monotonic()
         async with self.ready:
-            self.config, self.records, self.error, self.iteration = config, [], "", 0
+            self.config, self.records, self.error, self.iteration = config, [], "", config.first_iteration
+            self.model = None
             self.state = "configured"
             self.ready.notify_all()
         self.metrics.rank.set(config.rank)
@@ -111,7 +114,7 @@ class Agent:
         self.state, self.watched = "running", time.monotonic()
         self.ended.clear()
         self.task = asyncio.create_task(self._run(start_at))
-        self.task.add_done_callback(lambda _: self.ended.set())
+        self.task.add_done_callback(lambda _: (self.ended.set(), asyncio.create_task(self._notify())))
 
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():
@@ -123,7 +126,11 @@ class Agent:
         if self.state == "running":
             self.state, self.error = "failed", "stopped"
 
-    async def wait(self, timeout: float, live: bool = True) -> None:
+    async def _notify(self) -> None:
+        async with self.recorded:
+            self.recorded.notify_all()
+
+    async def wait(self, timeout: float, live: bool = True, records_from: int | None = None) -> None:
         """Return once no run is going on, or after `timeout` seconds: the orchestrator's
         long poll. Polling Status instead (20 a second per agent) cost the orchestrator 5 %
         of a core, and the agents as much, in runs where the agents were short of CPU.
@@ -132,7 +139,12 @@ class Agent:
         if live:
             self.watched = time.monotonic()
         try:
-            await asyncio.wait_for(self.ended.wait(), timeout)
+            if records_from is None:
+                await asyncio.wait_for(self.ended.wait(), timeout)
+            else:  # also once a record beyond `records_from` exists
+                async with self.recorded:
+                    await asyncio.wait_for(self.recorded.wait_for(
+                        lambda: self.ended.is_set() or len(self.records) > records_from), timeout)
         except TimeoutError:
             pass
         if live:
@@ -164,7 +176,13 @@ class Agent:
         spec = json.loads(config.workload_json or "{}")
         worker = config.role == "worker"
         model = workloads.DigitsMLP(spec, config.workers) if worker and spec.get("kind") == "real" else None
+        if model is not None and config.state:
+            model.restore(config.state)  # joining a run under way: its current parameters
+        self.model = model
         back_to_back = spec.get("kind") == "back-to-back"
+        # who contributes: identities survive re-ranking when a run re-forms over survivors
+        members = list(config.members) or list(range(config.workers))
+        identity = config.identity if config.members else config.rank
         rng = np.random.default_rng(config.rank)
         try:
             await engine.connect()
@@ -172,7 +190,7 @@ class Agent:
             # apart for several back-to-back iterations (16 ranks of a mesh, started as the
             # Start calls arrived, drifted 0.4-0.8 s apart and took 7 iterations to settle)
             await asyncio.sleep(min(MAX_START_WAIT, max(0.0, start_at - time.time())))
-            for iteration in range(config.iterations):
+            for iteration in range(config.first_iteration, config.first_iteration + config.iterations):
                 self.iteration = iteration
                 timed_loop = back_to_back and iteration > 0  # after the warm-up: no refill (see workloads)
                 started = time.perf_counter()
@@ -189,8 +207,9 @@ class Agent:
                     # end their allreduce), as a real worker's compute leaves its
                     # communication thread free
                     await asyncio.to_thread(
-                        workloads.emulated_gradient, config.rank, iteration, len(engine.buffer), engine.buffer
+                        workloads.emulated_gradient, identity, iteration, len(engine.buffer), engine.buffer
                     )
+                contribution = workloads.checksum(engine.buffer) if worker and not timed_loop else None
                 if worker and not back_to_back:
                     await workloads.compute(spec, started)
                 compute_s = time.perf_counter() - started
@@ -203,15 +222,19 @@ class Agent:
                     bytes_sent=engine.sent - sent, bytes_received=engine.received - received,
                     start_time=wall,
                 )
+                if contribution is not None:
+                    record.contribution, record.aggregate = str(contribution), str(workloads.checksum(engine.buffer))
+                    record.members.extend(members)
                 if model is not None:
                     record.loss, record.param_digest = loss, model.apply(engine.buffer)
                     self.metrics.loss.set(loss)
                 elif worker:
                     record.verified = workloads.check_zero(engine.buffer, rng) if timed_loop \
-                        else workloads.check_sum(engine.buffer, config.workers, iteration, rng)
+                        else workloads.check_sum(engine.buffer, config.workers, iteration, rng, members)
                     if not record.verified:
                         raise RuntimeError(f"iteration {iteration}: the reduced buffer is wrong")
                 self.records.append(record)
+                await self._notify()
                 self.metrics.gst.labels(config.algorithm).observe(gst)
                 self.metrics.compute.observe(compute_s)
                 self.metrics.iterations.labels(config.algorithm).inc()
@@ -230,6 +253,7 @@ class Agent:
             run_id=self.config.run_id if self.config else "", rank=self.config.rank if self.config else 0,
             node=self.node, records=self.records, error=self.error,
             peak_rss_mib=usage, buffer_mib=self.buffer_bytes / 2**20,
+            state=self.model.state() if self.model is not None else b"",
         )
 
 
@@ -272,8 +296,12 @@ class ControlService(pb_grpc.ControlServicer):
     async def Wait(self, request, context):  # noqa: N802
         remaining = context.time_remaining()
         live = remaining is None or remaining > 0
-        await self.agent.wait(min(request.timeout_seconds, 60.0) if live else 0.0, live)
-        return self.agent.status()
+        records_from = request.records_from if request.records else None
+        await self.agent.wait(min(request.timeout_seconds, 60.0) if live else 0.0, live, records_from)
+        status = self.agent.status()
+        if records_from is not None:
+            status.records.extend(self.agent.records[records_from:])
+        return status
 
     async def Results(self, request, context):  # noqa: N802
         return self.agent.results()

@@ -8,6 +8,7 @@ move gradients among themselves over the data plane.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import queue
@@ -27,11 +28,15 @@ from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.membership import reform
 from orchestrator.collectives.partition import partitions
 from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import TestbedError
+from orchestrator.runner.stalls import (  # stall_message, RankView re-exported for callers
+    LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout, stall_message,
+)
 
 log = logging.getLogger("testbed.driver")
 
@@ -41,6 +46,21 @@ BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message
 
 class RunError(TestbedError):
     """A run failed on some agent; the message names the rank and node."""
+
+
+class _Rejoining(Exception):
+    """A surviving run stops at once for servers that are back (see `run`'s `rejoin`)."""
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A stretch of a surviving run with one membership: from iteration `first`, the workers
+    of identities `members` contributed; `nodes` took part (rank order); `reason`: why it began."""
+
+    first: int
+    members: tuple[int, ...]
+    nodes: tuple[str, ...]
+    reason: str = "start"
 
 
 @dataclass(frozen=True)
@@ -99,13 +119,19 @@ class RunResult:
     # the cost model's prediction of one allreduce of this run (time, bytes per link), when
     # run() was told the lab's network: see _prediction
     predicted: Prediction | None = None
+    # a run that survived failures (run(survive=True)): its memberships, and every worker
+    # node's identity (its rank at the start: whose gradient it contributes)
+    history: list[Epoch] = field(default_factory=list)
+    identities: dict[str, int] = field(default_factory=dict)
 
     def gst(self) -> list[float]:
         """Per iteration, the synchronisation time of the slowest agent (parameter servers
-        report iterations too and are included)."""
-        agents = [r for r in self.results if r.records]
-        iterations = min(len(r.records) for r in agents)
-        return [max(r.records[i].gst_seconds for r in agents) for i in range(iterations)]
+        report iterations too and are included); in a surviving run, of those that finished it."""
+        by_iteration: dict[int, float] = {}
+        for r in self.results:
+            for rec in r.records:
+                by_iteration[rec.iteration] = max(by_iteration.get(rec.iteration, 0.0), rec.gst_seconds)
+        return [by_iteration[i] for i in sorted(by_iteration)]
 
     def back_to_back_times(self, warmup: int = 1) -> list[float]:
         """Per agent, NCCL-tests' time per operation of a back-to-back run: from entering the
@@ -183,6 +209,8 @@ def run(
     pace: bool = True,
     stall_timeout: float | None = None,
     link_state: Callable[[str, str], bool | None] | None = None,
+    survive: bool = False,
+    rejoin: Callable[[set[str]], list[Endpoint]] | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -199,45 +227,98 @@ def run(
     unknown), when given, names the link of that path that is down. Before configuring, a
     stale run an agent still holds (its driver gone, or the agent frozen and thawed) is
     stopped, with one warning on the "testbed.driver" logger.
+
+    `survive`: instead of failing, drop the servers that stopped answering, re-form the
+    algorithm over the survivors (collectives/membership.py) and go on from the iteration
+    that failed, redone from the parameters the survivors hold; `rejoin(dead nodes)`, polled
+    meanwhile, returns endpoints of dead servers whose agents are back, which join at the
+    next iteration boundary with the current parameters. The result's `history` says who
+    contributed when; runner/checker.py checks it. Fails (RunError) when nobody died (a
+    cut path, a bug: nothing to drop) or the algorithm cannot lose the dead.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
+    per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
+    how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state)
+    if survive:
+        return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
+    specs = {e.rank: per_worker[e.rank] for e in workers}
+    return _attempt(how, ctx, endpoints, specs, _Span(0, iterations), timeout)
+
+
+@dataclass(frozen=True)
+class _How:
+    """How every attempt of a run goes (run's arguments)."""
+
+    algorithm: str
+    tensors: list[int]
+    partition_bytes: int | None
+    credit_bytes: int
+    chunk_bytes: int | None
+    network: Network | None
+    pace: bool
+    stall_timeout: float | None
+    link_state: Callable[[str, str], bool | None] | None
+
+
+@dataclass
+class _Span:
+    """Which iterations one attempt runs, and what a surviving run tells its agents."""
+
+    first: int
+    iterations: int
+    members: tuple[int, ...] = ()  # identities contributing (empty: ranks 0..workers-1)
+    identities: dict[str, int] = field(default_factory=dict)  # worker node → identity
+    state: bytes = b""  # model parameters to start from
+    collect: dict[str, list] | None = None  # node → records, streamed as they are made
+    interrupt: Callable[[], bool] | None = None  # polled: True stops the attempt (_Rejoining)
+
+
+def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int, dict], span: _Span,
+             timeout: float) -> RunResult:
+    """One configured run over `endpoints` (their ranks those of ctx's schedules; ranks
+    without an endpoint must have nothing to do: the dead of a BML re-formed by `failed`)."""
+    algorithm, tensors, credit_bytes = how.algorithm, how.tensors, how.credit_bytes
+    workers = [e for e in endpoints if e.role == "worker"]
     size = sum(tensors)
-    parts = partitions(tensors, partition_bytes)
-    schedules = registry.schedules(algorithm, ctx, size, parts)
+    parts = partitions(tensors, how.partition_bytes)
+    try:
+        schedules = registry.schedules(algorithm, ctx, size, parts)
+    except ValueError as exc:
+        raise RunError(f"cannot build {algorithm} over these servers: {exc}") from None
     ranks = schedules[0][1].ranks if schedules else len(endpoints)
-    if ranks != len(endpoints):
-        raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
-    chunk_bytes = chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
-    nodes, in_lab = _rank_nodes(ctx, endpoints)
+    _check_ranks(algorithm, schedules, ranks, endpoints)
+    chunk_bytes = how.chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
+    nodes, in_lab = _rank_nodes(ctx, endpoints, ranks)
+    network = how.network
     predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
-    if predicted is not None and pace and in_lab:
+    if predicted is not None and how.pace and in_lab:
         # in a lab, each connection paced at its fair share (agent/pacing.py says why)
         plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
     else:
         plans = build_rank_plans(schedules, ranks)
-    stall_timeout = stall_timeout or default_stall_timeout(predicted)
+    stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
     path_of = _path_finder(ctx) if in_lab else None
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
-    per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
 
     def configure(stub: pb_grpc.ControlStub, endpoint: Endpoint) -> None:
-        spec = per_worker[endpoint.rank] if endpoint.role == "worker" else {"kind": "server"}
+        spec = specs[endpoint.rank] if endpoint.role == "worker" else {"kind": "server"}
         try:
             reply = stub.Configure(
                 pb.RunConfig(
                     run_id=run_id, rank=endpoint.rank, role=endpoint.role, peers=peers, algorithm=algorithm,
-                    plan_json=plans[endpoint.rank], size=size, iterations=iterations,
+                    plan_json=plans[endpoint.rank], size=size, iterations=span.iterations,
                     workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
-                    workers=len(workers),
+                    workers=len(workers), first_iteration=span.first, members=span.members,
+                    identity=span.identities.get(endpoint.node, endpoint.rank), state=span.state,
                 ),
                 timeout=60,
             )
         except grpc.RpcError as exc:
             if refused := _refused(exc, endpoint):
                 raise refused from None
-            raise
+            raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {exc.code().name}") from None
         if not reply.ok:
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
 
@@ -252,17 +333,197 @@ def run(
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-        _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, link_state))
+        _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span)
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
     return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
 
 
-def _rank_nodes(ctx: Context, endpoints: list[Endpoint]) -> tuple[list[str], bool]:
+MAX_REFORMS = 16  # membership changes one run survives
+RETRIES = 2  # attempts in a row that fail with nobody dead (fresh connections take rerouted paths)
+ANSWER_SECONDS = 3.0  # a live agent answers Results within this after a failure
+
+
+class _Survivor:
+    """A run that survives failures: attempts over the live servers, each going on from the
+    last iteration some survivor finished, with the parameters it holds (see `run`)."""
+
+    def __init__(self, how: _How, ctx: Context, endpoints: list[Endpoint], per_worker: list[dict],
+                 iterations: int, timeout: float, rejoin: Callable[[set[str]], list[Endpoint]] | None) -> None:
+        ordered = sorted(endpoints, key=lambda e: e.rank)
+        self.how, self.ctx, self.iterations, self.rejoin = how, ctx, iterations, rejoin
+        self.workers = [e.node for e in ordered if e.role == "worker"]
+        self.servers = [e.node for e in ordered if e.role != "worker"]
+        self.identities = {e.node: e.rank for e in ordered if e.role == "worker"}
+        self.specs = {e.node: per_worker[e.rank] for e in ordered if e.role == "worker"}
+        self.rank = {e.node: e.rank for e in ordered}
+        self.current = {e.node: e for e in ordered}
+        self.dead: set[str] = set()
+        self.records: dict[str, dict[int, pb.IterationRecord]] = {e.node: {} for e in ordered}
+        self.last: dict[str, pb.RunResults] = {}
+        self.history: list[Epoch] = []
+        self.back: list[Endpoint] = []
+        self.deadline = time.monotonic() + timeout
+        self.predicted: Prediction | None = None
+        self.retries = 0
+
+    def run(self) -> RunResult:
+        started, done, state, reason = time.monotonic(), 0, b"", "start"
+        for _ in range(MAX_REFORMS):
+            membership = self._membership()
+            live = sorted((dataclasses.replace(self.current[n], rank=r) for n, r in membership.ranks.items()),
+                          key=lambda e: e.rank)
+            members = tuple(sorted(self.identities[e.node] for e in live if e.role == "worker"))
+            if self.history and self.history[-1].first == done:
+                self.history.pop()  # it finished no iteration: this membership replaces it
+            self.history.append(Epoch(done, members, tuple(e.node for e in live), reason))
+            collected: dict[str, list] = {}
+            span = _Span(done, self.iterations - done, members, self.identities, state, collected, self._rejoin_ready)
+            live = _around_down_nics(live, self.ctx, self.how.link_state)
+            specs = {e.rank: self.specs[e.node] for e in live if e.role == "worker"}
+            try:
+                result = _attempt(self.how, membership.ctx, live, specs, span, max(1.0, self.deadline - time.monotonic()))
+            except (RunError, _Rejoining) as failure:
+                done, state, reason = self._recover(live, collected, failure, done, state)
+                continue
+            self.predicted = self.predicted or result.predicted
+            for e, got in zip(live, result.results):
+                self._keep(e.node, got.records)
+                self.last[e.node] = got
+            return self._result(time.monotonic() - started)
+        raise RunError(f"{self.how.algorithm}: membership changed {MAX_REFORMS} times: is a server failing over and "
+                       "over? look at its agent's log")
+
+    def _membership(self):
+        try:
+            return reform(self.how.algorithm, self.ctx, self.workers, self.servers, self.dead)
+        except ValueError as exc:
+            raise RunError(f"{self.how.algorithm} cannot go on without {', '.join(sorted(self.dead))}: {exc}") from None
+
+    def _rejoin_ready(self) -> bool:
+        """Polled while an attempt runs: are dead servers back? (then it stops for them)"""
+        if self.rejoin is None or not self.dead:
+            return False
+        self.back = [e for e in self.rejoin(set(self.dead)) if e.node in self.dead]
+        return bool(self.back)
+
+    def _recover(self, live: list[Endpoint], collected: dict[str, list], failure: Exception, done: int,
+                 state: bytes) -> tuple[int, bytes, str]:
+        """After an attempt stopped: who is dead, where to go on from, with which parameters."""
+        answered = self._results(live)
+        lost = {e.node for e in live} - set(answered)
+        if isinstance(failure, RunError) and not lost:
+            # nobody to drop: a cut path, which new connections may route around (the lab
+            # reroutes; TCP's own retransmissions back off for longer than a stall), or a bug
+            self.retries += 1
+            if self.retries > RETRIES:
+                raise failure
+        else:
+            self.retries = 0
+        for e in live:
+            self._keep(e.node, answered[e.node].records if e.node in answered else collected.get(e.node, []))
+        self.dead |= lost
+        finished = [i for node in answered for i in self.records[node]]
+        resume = max(finished, default=done - 1) + 1
+        for node in self.records:  # what only the dead finished is redone without them
+            self.records[node] = {i: r for i, r in self.records[node].items() if i < resume}
+        holders = [n for n, got in answered.items() if resume - 1 in self.records[n] and got.records
+                   and got.records[-1].iteration == resume - 1]
+        if holders and answered[holders[0]].state:
+            state = answered[holders[0]].state
+        reason = f"{', '.join(sorted(lost))} lost: {failure}" if lost else \
+            "rejoin" if isinstance(failure, _Rejoining) else f"retried: {failure}"
+        if self.rejoin is not None and not self.back:
+            self._rejoin_ready()
+        for e in self.back:  # its role stays what it was (a redeploy may not know it)
+            self.current[e.node] = dataclasses.replace(e, role=self.current[e.node].role)
+            self.dead.discard(e.node)
+        if self.back:
+            reason = f"{', '.join(sorted(e.node for e in self.back))} rejoined" + ("" if not lost else f"; {reason}")
+        self.back = []
+        log.warning("%s re-forms from iteration %d over %d servers (%s)", self.how.algorithm, resume,
+                    len(self.current) - len(self.dead), reason)
+        return resume, state, reason
+
+    def _results(self, live: list[Endpoint]) -> dict[str, pb.RunResults]:
+        """Results of every agent that still answers, by node: the others are dead."""
+        def ask(endpoint: Endpoint) -> pb.RunResults | None:
+            try:
+                with control_channel(endpoint) as channel:
+                    return pb_grpc.ControlStub(channel).Results(pb.Empty(), timeout=ANSWER_SECONDS)
+            except grpc.RpcError:
+                return None
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            got = dict(zip((e.node for e in live), pool.map(ask, live)))
+        for node, results in got.items():
+            if results is not None:
+                self.last[node] = results
+        return {node: results for node, results in got.items() if results is not None}
+
+    def _keep(self, node: str, records) -> None:
+        for record in records:
+            self.records[node].setdefault(record.iteration, record)
+
+    def _result(self, wall: float) -> RunResult:
+        results = []
+        for node, records in self.records.items():
+            got = pb.RunResults()
+            if node in self.last:
+                got.CopyFrom(self.last[node])
+                del got.records[:]
+            got.rank, got.node = self.rank[node], node
+            got.records.extend(records[i] for i in sorted(records))
+            if node in self.dead:
+                got.error = "lost during the run"
+            results.append(got)
+        return RunResult(uuid.uuid4().hex[:12], self.how.algorithm, results, sum(self.how.tensors) * 4, wall,
+                         self.predicted, list(self.history), dict(self.identities))
+
+
+def _around_down_nics(endpoints: list[Endpoint], ctx: Context,
+                      link_state: Callable[[str, str], bool | None] | None) -> list[Endpoint]:
+    """Endpoints whose data addresses avoid NICs with their link down (known by `link_state`):
+    an address on a dead NIC is unreachable however the lab reroutes, one on a live NIC of
+    the same server is reached over the detour."""
+    if link_state is None or ctx.topology is None:
+        return endpoints
+    topology, moved = ctx.topology, []
+    down: dict[str, set[str]] = {}  # node → addresses of its NICs whose link is down
+    for link in topology.links:
+        if link_state(link.a.node, link.b.node) is False:
+            for end in (link.a, link.b):
+                iface = topology.nodes[end.node].interfaces.get(end.interface)
+                if iface is not None and iface.address is not None:
+                    down.setdefault(end.node, set()).add(str(iface.address.ip))
+    for e in endpoints:
+        dead = down.get(e.node, set())
+        host, _, port = e.data.rpartition(":")
+        alive = {nic: addr for nic, addr in e.by_nic.items() if addr.rpartition(":")[0] not in dead}
+        if host in dead and alive:
+            e = dataclasses.replace(e, data=next(iter(alive.values())), by_nic=alive)
+        elif len(alive) < len(e.by_nic):
+            e = dataclasses.replace(e, by_nic=alive)
+        moved.append(e)
+    return moved
+
+
+def _check_ranks(algorithm: str, schedules, ranks: int, endpoints: list[Endpoint]) -> None:
+    """Every rank of the schedules has an agent, but ranks that move nothing (a dead BML server)."""
+    given = {e.rank for e in endpoints}
+    busy = {r for _, schedule in schedules for _, t in schedule.transfers() for r in (t.src, t.dst)}
+    if len(endpoints) > ranks or not busy <= given or (not schedules and len(endpoints) != ranks):
+        raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
+
+
+def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = None) -> tuple[list[str], bool]:
     """(the server of every rank, whether the endpoints are the lab's servers): its
     endpoint's node when those are the topology's servers (a lab), else `ctx.nodes` or the
-    servers in order (loopback agents standing in for a lab)."""
-    nodes = [e.node for e in sorted(endpoints, key=lambda e: e.rank)]
+    servers in order (loopback agents standing in for a lab). A rank without an endpoint
+    (dead, and left out of a re-formed schedule) is on its `ctx.nodes` server."""
+    by_rank = {e.rank: e.node for e in endpoints}
+    ranks = len(endpoints) if ranks is None else ranks
+    nodes = [by_rank.get(r) or (ctx.nodes[r] if r < len(ctx.nodes) else f"rank{r}") for r in range(ranks)]
     if ctx.topology is None:
         return nodes, False
     if all(node in ctx.topology.nodes for node in nodes):
@@ -285,20 +546,10 @@ def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | No
         raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
 
 
-LONG_POLL_SECONDS = 1.0
 START_MARGIN_SECONDS = 1.0  # for every agent to get its Start call and open its connections
 TICK_SECONDS = 0.25  # how often the driver looks for a stall between answers
-STALL_SECONDS = 5.0  # the least stall timeout: longer than any hiccup of a busy host
-SILENT_SECONDS = LONG_POLL_SECONDS + 2.0  # an agent answers a long poll every second
 STALE_SECONDS = 3 * LONG_POLL_SECONDS  # a run unwatched this long has no driver any more
 STOP_SECONDS = 2.0  # for the Stop calls that end a failed run (a frozen agent never answers)
-
-
-def default_stall_timeout(predicted: Prediction | None) -> float:
-    """`STALL_SECONDS`, or twice the predicted allreduce when longer (a lab's slow links).
-    A stall is no data moved by any rank, computing ranks counting as moving: even the
-    slowest step of a plan moves some chunk well within a whole allreduce's time."""
-    return max(STALL_SECONDS, 2 * predicted.seconds) if predicted is not None else STALL_SECONDS
 
 
 def _path_finder(ctx: Context) -> Callable[[str, str], list[str]]:
@@ -344,131 +595,25 @@ def _stop_stale(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub]
             busy = [(e, found) for e, found in ((e, status(e)) for e, _ in busy) if found.state == "running"]
 
 
-@dataclass
-class RankView:
-    """What the driver knows of one rank while it waits: its last status and how old it is."""
-
-    rank: int
-    node: str
-    status: pb.AgentStatus | None  # None: it has not answered since the run started
-    silent: float  # seconds since its last answer
-    stalled: float  # seconds since it last moved data, by its last answer and the time since
-
-
-@dataclass
-class Stall:
-    """When a run has stalled, and one line on why (`message`)."""
-
-    algorithm: str
-    timeout: float
-    path_of: Callable[[str, str], list[str]] | None = None
-    link_state: Callable[[str, str], bool | None] | None = None
-
-    def stalled(self, views: list[RankView]) -> bool:
-        """No rank has moved data (or computed, or answered) for `timeout` seconds."""
-        return bool(views) and min(v.stalled for v in views) >= self.timeout
-
-    def message(self, views: list[RankView]) -> str:
-        return stall_message(self.algorithm, views, self.timeout, self.path_of, self.link_state)
-
-
-def stall_message(algorithm: str, views: list[RankView], timeout: float,
-                  path_of: Callable[[str, str], list[str]] | None = None,
-                  link_state: Callable[[str, str], bool | None] | None = None) -> str:
-    """One line on a stalled run: ranks that stopped answering, else the ranks that wait for
-    a peer that has sent them data (or is sending it) that does not arrive — the path
-    between them is dead — with that path and, known or guessed, its dead link."""
-    by_rank = {v.rank: v for v in views}
-    silent = [v for v in views if v.silent >= SILENT_SECONDS]
-    edges = _dead_edges(views, {v.rank for v in silent})
-    steps = [step for _, _, step in edges] or [p.step for v in views if v.status for p in v.status.pending]
-    iterations = [v.status.iteration for v in views if v.status and v.status.state == "running"]
-    where = f" at iteration {min(iterations)}" if iterations else ""
-    where += f" step {min(steps)}" if steps else ""
-    head = f"{algorithm} stalled{where}: "
-    if silent:
-        parts = [f"rank {v.rank} ({v.node}) has not answered for {v.silent:.1f} s" + _waited_by(v.rank, views)
-                 for v in silent]
-        return head + "; ".join(parts) + " (frozen, or its management path down?): thaw or restart it and run again"
-    if not edges:
-        waits = [f"rank {v.rank} ({v.node}) waits for {_peers(v, by_rank)}" for v in views if v.status]
-        return head + f"no data moved for {timeout:.1f} s; " + "; ".join(waits[:4] or ["no rank says why"])
-    paths = {}
-    parts = []
-    for src, dst, _ in edges[:4]:
-        s, d = by_rank[src], by_rank[dst]
-        part = f"rank {d.rank} ({d.node}) waits for rank {s.rank} ({s.node}) since {d.stalled:.1f} s"
-        path = path_of(s.node, d.node) if path_of else []
-        if path:
-            paths[(src, dst)] = path
-            part += f"; path {'→'.join(path)}"
-        parts.append(part)
-    return head + "; ".join(parts) + _link_verdict(list(paths.values()), link_state)
-
-
-def _dead_edges(views: list[RankView], silent: set[int]) -> list[tuple[int, int, int]]:
-    """(sender, receiver, step) of transfers a receiver is ready for while the sender has
-    written that data already, or is blocked writing it: nothing else holds it back."""
-    statuses = {v.rank: v.status for v in views if v.status is not None and v.rank not in silent}
-    edges = []
-    for rank, status in statuses.items():
-        for wait in status.pending:
-            if wait.kind != "receive" or not wait.ready or wait.peer not in statuses:
-                continue
-            sends = [q for q in statuses[wait.peer].pending
-                     if q.kind == "send" and q.peer == rank and q.step == wait.step and q.partition == wait.partition
-                     and q.offset <= wait.done < q.end]
-            # no such send left: written in full; else written past what arrived, or ready to write
-            if all(q.done > wait.done or q.ready for q in sends):
-                edges.append((wait.peer, rank, wait.step))
-    first: dict[tuple[int, int], int] = {}
-    for src, dst, step in edges:  # one per pair: its earliest step
-        first[(src, dst)] = min(step, first.get((src, dst), step))
-    return sorted(((src, dst, step) for (src, dst), step in first.items()), key=lambda e: (e[2], e[1], e[0]))
-
-
-def _waited_by(rank: int, views: list[RankView]) -> str:
-    waiting = sorted({v.rank for v in views if v.status and any(p.peer == rank for p in v.status.pending)})
-    if not waiting:
-        return ""
-    return f" (rank {waiting[0]} waits for it)" if len(waiting) == 1 else \
-        f" (ranks {', '.join(map(str, waiting))} wait for it)"
-
-
-def _peers(view: RankView, by_rank: dict[int, RankView]) -> str:
-    ranks = sorted({p.peer for p in view.status.pending if p.ready})
-    named = [f"rank {r} ({by_rank[r].node})" if r in by_rank else f"rank {r}" for r in ranks]
-    return ", ".join(named[:3]) or "nothing it can name"
-
-
-def _link_verdict(paths: list[list[str]], link_state: Callable[[str, str], bool | None] | None) -> str:
-    """The link of these paths that is down (asked of `link_state`), else the one link all of
-    them share, which would explain them all."""
-    links = [list(zip(path, path[1:])) for path in paths]
-    if not links:
-        return ""
-    if link_state is not None:
-        down = sorted({"-".join(sorted((a, b))) for path in links for a, b in path if link_state(a, b) is False})
-        if down:
-            return f" (link {', '.join(down)} down): heal it and run again"
-    shared = set.intersection(*({frozenset(link) for link in path} for path in links))
-    if len(shared) == 1 and (len(links) > 1 or len(links[0]) == 1):
-        a, b = sorted(next(iter(shared)))
-        return f" (link {a}-{b} down?): check it and run again"
-    return " (a link of it down?): check them and run again"
-
-
-def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float, stall: Stall) -> None:
+def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float, stall: Stall,
+          span: _Span | None = None) -> None:
     """Until every agent is done: one long-polling Wait per agent at a time (see Agent.wait),
     answered the moment its run ends; the first failure stops them all, and so does a stall
-    (`Stall`: checked on every answer and every `TICK_SECONDS`)."""
+    (`Stall`: checked on every answer and every `TICK_SECONDS`). With `span.collect`, each
+    Wait also answers with the agent's new records (kept there by node), so that the records
+    of an agent that dies are not lost; `span.interrupt` stops the run (_Rejoining)."""
     answers: queue.Queue[tuple[Endpoint, grpc.Future]] = queue.Queue()
+    collect = span.collect if span is not None else None
+    interrupt = span.interrupt if span is not None else None
+    received = {e.rank: 0 for e in endpoints}
 
     def ask(endpoint: Endpoint) -> None:
         wait = min(LONG_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+        request = pb.WaitRequest(timeout_seconds=wait)
+        if collect is not None:
+            request.records, request.records_from = True, received[endpoint.rank]
         # the stall check names an agent that stopped answering first, with what waits for it
-        future = stubs[endpoint.control].Wait.future(pb.WaitRequest(timeout_seconds=wait),
-                                                     timeout=wait + stall.timeout + 10)
+        future = stubs[endpoint.control].Wait.future(request, timeout=wait + stall.timeout + 10)
         future.add_done_callback(lambda f: answers.put((endpoint, f)))
 
     for endpoint in endpoints:
@@ -487,6 +632,9 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
                 _stop_all(stubs)
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) stopped answering: {exc.code().name}") from exc
             last[endpoint.rank] = (status, time.monotonic())
+            if collect is not None and status.records:
+                collect.setdefault(endpoint.node, []).extend(status.records)
+                received[endpoint.rank] += len(status.records)
             if status.state == "failed":
                 _stop_all(stubs)
                 raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
@@ -494,6 +642,9 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
                 del pending[endpoint.rank]
             elif time.monotonic() <= deadline:
                 ask(endpoint)
+        if interrupt is not None and interrupt():
+            _stop_all(stubs)
+            raise _Rejoining()
         if stall.stalled(_views(pending, last)):
             views = _views({e.rank: e for e in endpoints}, last)
             message = stall.message(views)

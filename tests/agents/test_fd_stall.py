@@ -14,7 +14,7 @@ import time
 
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.runner import driver, workloads
-from orchestrator.runner.driver import RankView, stall_message
+from orchestrator.runner.stalls import RankView, _dead_edges, stall_message
 from orchestrator.runner.local import local_agents
 
 NODES = ["h0", "h1", "h2", "h3"]
@@ -84,13 +84,13 @@ def test_a_receiver_held_back_by_its_own_earlier_step_is_not_blamed():
     # it either; no path is blamed, each rank says what it waits for
     statuses = views(running(0, send(1, 1, ready=False), receive(3, 0, ready=True)),
                      running(0, receive(0, 1)), running(0), running(0, send(0, 0, ready=False)))
-    assert driver._dead_edges(statuses, set()) == []
+    assert _dead_edges(statuses, set()) == []
     assert stall_message("ring", statuses, 5.0).startswith(
         "ring stalled at iteration 0 step 0: no data moved for 5.0 s; rank 0 (h0) waits for rank 3 (h3); "
         "rank 1 (h1) waits for rank 0 (h0); rank 2 (h2) waits for nothing it can name")
     # once rank 3 has written it all (nothing pending to rank 0), the path 3→0 is to blame
     statuses[3] = views(running(0), running(0), running(0), running(0, send(2, 1, ready=False)))[3]
-    assert driver._dead_edges(statuses, set()) == [(3, 0, 0)]
+    assert _dead_edges(statuses, set()) == [(3, 0, 0)]
 
 
 def test_ranks_that_cannot_say_why_are_listed():
