@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # testbed: install everything on a fresh Debian 12 machine (as root), then run something.
 #
-#   ./setup.sh demo    install, then bring up and describe the demo lab (BCube(4,1) in Docker)
+#   ./setup.sh demo    install, then run experiments/demo.yaml (BCube(4,1) in Docker, ~5 min) and
+#                      print where its report is
+#   ./setup.sh lab     install, then bring up, describe and exercise the BCube(4,1) lab (left up)
 #   ./setup.sh test    install, then run every test tier (skipped tiers print why)
 #   ./setup.sh         install only
 #
@@ -55,8 +57,15 @@ log "building lab images (quick when up to date)"
 "$VENV/bin/testbed" images build
 
 case "${1:-}" in
-    demo) exec "$ROOT/scripts/demo.sh" ;;
+    demo)
+        out=results/demo-$(date -u +%Y%m%dT%H%M%SZ)
+        log "running experiments/demo.yaml: ps, ring, hips and bml on 16 Docker servers (about 5 minutes)"
+        "$VENV/bin/testbed" run experiments/demo.yaml --out "$out"
+        log "report: $out/summary.md (plots gst.png, iterations.png, links.png; Prometheus in $out/prometheus)"
+        log "render it again: .venv/bin/testbed report $out; compare runs: .venv/bin/testbed compare DIR DIR"
+        ;;
+    lab) exec "$ROOT/scripts/demo.sh" ;;
     test) exec "$ROOT/scripts/run-tests.sh" "${@:2}" ;;
     "") log "installed: try ./setup.sh demo, or .venv/bin/testbed --help" ;;
-    *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+    *) echo "usage: $0 [demo|lab|test]" >&2; exit 2 ;;
 esac

@@ -677,6 +677,30 @@ def report_command(directory: Path = typer.Argument(..., help="a results directo
     out.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
 
 
+@app.command("compare")
+def compare_command(
+    first: Path = typer.Argument(..., help="results directory A"),
+    second: Path = typer.Argument(..., help="results directory B"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="also write the comparison as Markdown here"),
+) -> None:
+    """Two runs side by side: per matching point (topology, rate, size, algorithm) each run's
+    GST, measured/predicted and verdict, and B's GST over A's."""
+    from orchestrator.experiment import compare
+    from orchestrator.experiment.results import load
+
+    a, b = load(first), load(second)
+    table = Table(*compare.HEADER, title=f"A: {first}   B: {second}")
+    for row in compare.rows(a, b):
+        table.add_row(*row.cells())
+    out.print(table)
+    if out_file is not None:
+        try:
+            out_file.write_text(compare.markdown(a, b, first, second))
+        except OSError as exc:
+            raise BadUsage(f"--out {out_file}: cannot write it: {exc.strerror or exc}") from None
+        out.print(f"wrote {out_file}", highlight=False)
+
+
 def _print_plan(plan) -> None:
     spec = plan.spec
     out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "

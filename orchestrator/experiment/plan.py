@@ -88,7 +88,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str) -> Planned
     the point if its algorithm cannot run there."""
     ranks = layout(point, source)
     tensors = workloads.tensors(point.workload)
-    parts = partitions(tensors, spec.partitioning.partition_bytes)
+    partitioning = point.partitioning
+    parts = partitions(tensors, partitioning.partition_bytes)
     try:
         schedules = registry.schedules(point.algorithm.name, context(point, ranks), sum(tensors), parts)
         if schedules and schedules[0][1].ranks != len(ranks.nodes):
@@ -96,7 +97,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str) -> Planned
                              f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
         prediction = predict_schedules(
             topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
-            chunk_bytes(schedules, spec.partitioning.credit_bytes), spec.partitioning.credit_bytes)
+            chunk_bytes(schedules, partitioning.credit_bytes), partitioning.credit_bytes)
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"{exc}") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from orchestrator.experiment import plots
+from orchestrator.experiment import plots, snapshot
 from orchestrator.experiment import results as results_lib
 
 RESULTS_CSV = "results.csv"
@@ -17,6 +17,11 @@ SUMMARY = "summary.md"
 
 def _verdict(point: dict) -> str:
     return (point.get("fidelity") or {}).get("verdict", "–")
+
+
+def _checker(point: dict) -> str:
+    clean = (point.get("checker") or {}).get("clean")
+    return "–" if clean is None else "clean" if clean else "NOT clean"
 
 
 # results.csv: column → how to read it from a point
@@ -32,7 +37,7 @@ COLUMNS = {
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
     "link_bytes_measured": lambda p: sum((p.get("bytes_per_link") or {}).get("measured", {}).values()),
     "fault_events": lambda p: len(p.get("fault_events", [])), "error": lambda p: p.get("error") or "",
-    "verdict": _verdict, "cpu_idle_share": lambda p: (p.get("fidelity") or {}).get("cpu_idle_share"),
+    "verdict": _verdict, "checker": _checker, "cpu_idle_share": lambda p: (p.get("fidelity") or {}).get("cpu_idle_share"),
     "verdict_reasons": lambda p: "; ".join((p.get("fidelity") or {}).get("reasons", [])),
 }
 ITERATION_COLUMNS = ("id", "algorithm", "iteration", "rank", "node", "gst_s", "compute_s", "start_time",
@@ -50,6 +55,8 @@ def render(directory: Path, results: dict | None = None) -> list[Path]:
     written = [write_csv(results, directory / RESULTS_CSV), write_iterations(results, directory / ITERATIONS_CSV)]
     written += plots.draw_all(results, directory)
     written.append(write_summary(results, directory / SUMMARY))
+    if (queries := snapshot.write_queries(directory, results)) is not None:
+        written.append(queries)
     return written
 
 
@@ -98,13 +105,13 @@ def table_rows(results: dict) -> list[list[str]]:
                      p["status"], _seconds(_get(p, "gst_s", "mean")), _seconds(_get(p, "gst_s", "p50")),
                      _seconds(_get(p, "gst_s", "p95")), _seconds(_get(p, "predicted", "seconds")),
                      "–" if ratio is None else f"{ratio:.3f}", _rate(p.get("algbw_bytes_per_s")),
-                     _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", []))), _verdict(p)])
+                     _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", []))), _checker(p), _verdict(p)])
     return rows
 
 
 
 TABLE_HEADER = ["point", "algorithm", "topology", "rate", "MiB", "status", "GST mean s", "p50 s", "p95 s",
-                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults", "verdict"]
+                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults", "checker", "verdict"]
 
 
 def write_summary(results: dict, path: Path) -> Path:
@@ -122,13 +129,19 @@ def write_summary(results: dict, path: Path) -> Path:
               f"[results.json](results.json), [results.csv]({RESULTS_CSV}), [iterations.csv]({ITERATIONS_CSV})",
               "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v), "",
               "GST is the slowest agent's synchronisation time per iteration (warm-up left out); ratio = measured "
-              "mean / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
+              "mean over the iterations no fault touched / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]
     if degraded:
         lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's:", ""]
         lines += [f"- {p['id']}: " + "; ".join(p["fidelity"]["reasons"]) for p in degraded]
+    checked = [p for p in results["points"] if (p.get("checker") or {}).get("clean") is not None]
+    if checked:
+        lines += ["", "## History checker", "", "Every survivor holds the same parameters after each iteration, and "
+                  "each aggregate is exactly the sum of the contributions it claims:", ""]
+        lines += [f"- {p['id']}: {'clean' if p['checker']['clean'] else 'NOT CLEAN'} ({p['checker']['summary']})"
+                  for p in checked]
     failed = [p for p in results["points"] if p.get("error")]
     if failed:
         lines += ["", "## Errors", ""] + [f"- {p['id']}: {p['error']}" for p in failed]
@@ -138,9 +151,25 @@ def write_summary(results: dict, path: Path) -> Path:
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {pid} | {e['action']} | {e['target']} | {_clock(e.get('planned'))} | {_clock(e.get('applied'))} "
                   f"| {_clock(e.get('undone'))} | {e.get('error') or ''} |" for pid, e in events]
-    lines += ["", f"![GST per algorithm]({plots.GST_PNG})", "", f"![GST per iteration]({plots.ITERATIONS_PNG})", ""]
+    lines += _monitoring_lines(results)
+    lines += ["", f"![GST per algorithm]({plots.GST_PNG})", "", f"![GST per iteration]({plots.ITERATIONS_PNG})", "",
+              f"![Link utilisation by tier]({plots.LINKS_PNG})", ""]
     path.write_text("\n".join(lines))
     return path
+
+
+def _monitoring_lines(results: dict) -> list[str]:
+    monitored = results.get("monitoring") or {}
+    if not monitored:
+        return []
+    lines = ["", "## Prometheus", "",
+             f"The Grafana dashboards' queries with this run's lab and times: "
+             f"[{snapshot.DIRECTORY}/{snapshot.QUERIES}]({snapshot.DIRECTORY}/{snapshot.QUERIES}).", ""]
+    for lab, entry in monitored.items():
+        where = entry.get("snapshot")
+        lines.append(f"- {lab}: " + (f"TSDB snapshot in [{where}]({where})" if where
+                                      else f"no snapshot ({entry.get('snapshot_error') or 'not taken'})"))
+    return lines
 
 
 def _clock(moment) -> str:

@@ -6,7 +6,8 @@
                             and their ratio, algbw/busbw, iteration times, bytes per link,
                             fault events, every agent's records; versions; status
         results.csv         one row per point; iterations.csv: one row per agent and iteration
-        gst.png, iterations.png, summary.md   (report.py, from results.json alone)
+        gst.png, iterations.png, links.png, summary.md   (report.py, from results.json alone)
+        prometheus/         queries.json (report.py) and snapshot/<lab>/ (runner), with monitoring
 
 results.json is written again after every point (atomically), so an interrupted or crashed
 run leaves what it measured, with `status` saying how it ended: running (the process died),
@@ -127,8 +128,26 @@ def iteration_times(records: list[dict]) -> list[float]:
     return times
 
 
+RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long
+
+
+def faulted_iterations(records: list[dict], events: list[dict]) -> list[int]:
+    """Iterations whose compute or synchronisation overlapped a fault in effect (applied to
+    undone, plus RECOVERY_S; to the end when it was never undone)."""
+    spans: dict[int, tuple[float, float]] = {}
+    for r in records:
+        begin, end = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
+        low, high = spans.get(r["iteration"], (begin, end))
+        spans[r["iteration"]] = (min(low, begin), max(high, end))
+    faults = [(e["applied"], e["undone"] + RECOVERY_S if e.get("undone") is not None else float("inf"))
+              for e in events if e.get("applied") is not None]
+    return sorted(i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults))
+
+
 def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
-    """The measured fields of a point from its agents' records and per-iteration GST."""
+    """The measured fields of a point from its agents' records and per-iteration GST. The
+    ratio to the prediction (a fault-free network's) leaves out the iterations a fault of
+    the timeline touched; the GST statistics keep every measured iteration."""
     timed = gst[warmup:] if len(gst) > warmup else gst
     stats = summary(timed)
     size = point["size_bytes"]
@@ -136,9 +155,13 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     algbw = size / mean if mean else None
     busbw = algbw * 2 * (workers - 1) / workers if algbw is not None and workers > 1 else None
     predicted = (point.get("predicted") or {}).get("seconds")
+    faulted = faulted_iterations(records, point.get("fault_events") or [])
+    clean = [t for i, t in enumerate(gst) if i >= min(warmup, len(gst) - 1) and i not in faulted]
+    fault_free = sum(clean) / len(clean) if clean else None
     return {
-        "gst_s": {**stats, "per_iteration": gst},
-        "ratio": mean / predicted if mean and predicted else None,
+        "gst_s": {**stats, "per_iteration": gst, "fault_free_mean": fault_free},
+        "faulted_iterations": faulted,
+        "ratio": fault_free / predicted if fault_free and predicted else None,
         "algbw_bytes_per_s": algbw,
         "busbw_bytes_per_s": busbw,
         "iteration_s": {**summary(iteration_times(records)[warmup:]), "per_iteration": iteration_times(records)},

@@ -26,12 +26,12 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.cost import Network
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
-from orchestrator.experiment import verdict, workloads
-from orchestrator.experiment.plan import Plan, PlannedPoint, context
+from orchestrator.experiment import snapshot, verdict, workloads
+from orchestrator.experiment.plan import Plan, PlannedPoint, context, topology_of
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
-from orchestrator.monitoring.exporter import FabricCollector, host_cpu
-from orchestrator.runner import driver
+from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
+from orchestrator.runner import checker, driver
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down
@@ -58,7 +58,6 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         "size_bytes": planned.size_bytes, "workload": planned.point.workload.model_dump(mode="json"),
         "workers": list(planned.layout.workers), "servers": list(planned.layout.servers),
         "iterations": spec.iterations, "warmup": spec.warmup,
-        "partitioning": spec.partitioning.model_dump(mode="json"),
         "predicted": {"seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
                       "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes},
         "fault_events": [],
@@ -75,9 +74,21 @@ def start_results(plan: Plan, source: Path) -> dict:
         "started": results_lib.now_iso(), "finished": None, "wall_s": None,
         "versions": results_lib.versions(),
         "labs": [{"name": v.lab.name, "topology": v.topology, "link_rate": v.link_rate,
+                  "rate_bytes_per_s": v.lab.links.bandwidth / 8, "tiers": tiers(v),
                   "spec": v.lab.model_dump(mode="json")} for v in plan.variants],
         "points": [point_entry(spec, p) for p in plan.points],
     }
+
+
+def tiers(variant: LabVariant) -> dict[str, str]:
+    """Each link direction's tier as the fabric exporter labels it ("a→b" → "level0",
+    "edge-aggregation", …): the utilisation plot reads results.json alone."""
+    topology = topology_of(variant.lab)
+    out = {}
+    for link in topology.links:
+        tier, _ = link_place(topology, link)
+        out[f"{link.a.node}→{link.b.node}"] = out[f"{link.b.node}→{link.a.node}"] = tier
+    return out
 
 
 @contextmanager
@@ -135,13 +146,15 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
     points = plan.of_variant(variant)
     entries = {e["id"]: e for e in results["points"]}
     lab = Lab.up(variant.lab, lambda stage, done, total: progress("up", f"{variant.lab.name}: {stage}", done, total))
+    monitor = None
     try:
         if spec.monitoring:
             from orchestrator.monitoring import monitor_up
 
             progress("monitor", f"{lab.name}: prometheus", 0, 1)
             monitor = monitor_up(lab)
-            results.setdefault("monitoring", {})[lab.name] = {"url": monitor.url, "pid": monitor.pid}
+            results.setdefault("monitoring", {})[lab.name] = {"url": monitor.url, "pid": monitor.pid,
+                                                              "started": time.time()}
             progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
         endpoints = _deploy(lab, spec.agents.via, progress)
         for planned in points:
@@ -152,6 +165,11 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             if faulted or entry["status"] == "failed":  # a crashed or paused server's agents: deploy again
                 endpoints = _deploy(lab, spec.agents.via, progress)
     finally:
+        if monitor is not None:  # before the lab (and its Prometheus's data) goes, interrupted or not
+            progress("monitor", f"{lab.name}: prometheus snapshot", 0, 1)
+            snapshot.save(directory, monitor, results["monitoring"][lab.name])
+            results_lib.write(directory, results)
+            progress("monitor", f"{lab.name}: prometheus snapshot", 1, 1)
         if keep:
             kept.append(lab.name)
         else:
@@ -188,6 +206,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     entry["status"] = "running"
     fabric = FabricCollector(lab)
     before = _fabric(fabric)
+    window = (time.time(), time.monotonic())
     timeline = TimelineRunner(lab, faults)
 
     def on_iteration(iteration: int) -> None:
@@ -201,9 +220,10 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             result = driver.run(eps, point.algorithm.name, planned.tensors,
                                 workloads.build(point.workload, planned.tensors, workers),
                                 iterations=spec.iterations, ctx=context(point, planned.layout),
-                                partition_bytes=spec.partitioning.partition_bytes,
-                                credit_bytes=spec.partitioning.credit_bytes, timeout=spec.timeout,
-                                network=Network.from_links(lab.spec.links), link_state=lab.link_up)
+                                partition_bytes=point.partitioning.partition_bytes,
+                                credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
+                                network=Network.from_links(lab.spec.links), link_state=lab.link_up,
+                                survive=bool(faults))
     except driver.RunError as exc:
         entry["status"], entry["error"] = "failed", str(exc)
     except BaseException as exc:
@@ -214,8 +234,10 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         raise
     finally:
         after = _fabric(fabric)
+        seconds = time.monotonic() - window[1]
+        entry["window"] = {"start": window[0], "end": window[0] + seconds}  # Unix times: Prometheus's range
         entry["fault_events"] = [dataclasses.asdict(r) for r in timeline.events()]
-        entry["bytes_per_link"] = {"measured": _delta(before["bytes"], after["bytes"]),
+        entry["bytes_per_link"] = {"measured": _delta(before["bytes"], after["bytes"]), "seconds": seconds,
                                    "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
     if result is not None:
         progress("run", point.id, spec.iterations, spec.iterations)
@@ -224,6 +246,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and spec.iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
+        entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]
+        entry["checker"] = _check(result, workloads.checked(point.workload))
     entry["fidelity"] = _judge(entry, before, after, float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)
 
@@ -242,6 +266,16 @@ def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: d
             entry.update(results_lib.measured_point(entry, _records(partial), gst, min(warmup, len(gst) - 1), workers))
     except (grpc.RpcError, ValueError):
         pass
+
+
+def _check(result: driver.RunResult, kind: str | None) -> dict:
+    """The history checker's verdict on a run: every survivor holds the same parameters after
+    each iteration, each aggregate is exactly the sum of the contributions it claims."""
+    if kind is None:
+        return {"clean": None, "summary": "not checked: a back-to-back loop carries no gradient"}
+    report = checker.check_run(result, emulated=kind == "emulated")
+    return {"clean": report.clean, "summary": str(report), "iterations": report.iterations,
+            "lost": len(report.lost), "duplicated": len(report.duplicated)}
 
 
 def _records(result: driver.RunResult) -> list[dict]:

@@ -2,8 +2,8 @@
 
 A lab variant is the experiment's lab with one topology and one link rate of the sweep (the
 lab's own where the sweep leaves an axis out); a run point is a variant × a size × an
-algorithm. The order is the order written: topologies, then link rates, then sizes, then
-algorithms, so points of one lab variant are contiguous and one lab serves them all.
+algorithm (× a ByteScheduler partitioning where the sweep has them). The order is the order
+written: topologies, then link rates, then sizes, then partitionings, then algorithms, so points of one lab variant are contiguous and one lab serves them all.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import units
-from orchestrator.spec.experiment import AlgorithmSpec, ExperimentSpec
+from orchestrator.spec.experiment import AlgorithmSpec, ExperimentSpec, PartitioningSpec
 from orchestrator.spec.lab import LabSpec
 
 _SUFFIX_ROOM = 4  # "-v99": a lab name is at most 24 characters
@@ -40,6 +40,7 @@ class RunPoint:
     algorithm: AlgorithmSpec
     workload: object  # the workload spec with the sweep's size applied
     size_bytes: int | None  # the gradient bytes the sweep set, else the workload's own (if it has one)
+    partitioning: PartitioningSpec = PartitioningSpec()  # the sweep's, else the experiment's
 
     @property
     def lab(self) -> LabSpec:
@@ -49,7 +50,8 @@ class RunPoint:
         return {"id": self.id, "lab": self.lab.name, "topology": self.variant.topology,
                 "link_rate": self.variant.link_rate, "size_bytes": self.size_bytes,
                 "algorithm": self.algorithm.key, "algorithm_name": self.algorithm.name,
-                "options": self.algorithm.options, "ps": self.algorithm.ps}
+                "options": self.algorithm.options, "ps": self.algorithm.ps,
+                "partitioning": self.partitioning.model_dump(mode="json")}
 
 
 def variants(spec: ExperimentSpec) -> list[LabVariant]:
@@ -70,19 +72,30 @@ def expand(spec: ExperimentSpec) -> list[RunPoint]:
     """The run points in the order they run; ids are unique, readable and stable."""
     workload = spec.agents.workload
     sizes: list[int | None] = list(spec.sweep.sizes) or [getattr(workload, "size", None)]
+    partitionings = list(spec.sweep.partitionings) or [spec.partitioning]
     points = []
     for variant in variants(spec):
         for size in sizes:
             sized = workload
             if spec.sweep.sizes:  # a model's size replaces its scale
                 sized = workload.model_copy(update={"size": size, **({"scale": None} if "scale" in type(workload).model_fields else {})})
-            for algorithm in spec.agents.algorithms:
-                parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
-                if size is not None:
-                    parts.append(_size_slug(size))
-                parts.append(algorithm.key)
-                points.append(RunPoint("-".join(parts), variant, algorithm, sized, size))
+            for partitioning in partitionings:
+                for algorithm in spec.agents.algorithms:
+                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
+                    if size is not None:
+                        parts.append(_size_slug(size))
+                    if spec.sweep.partitionings:
+                        parts.append(partitioning_slug(partitioning))
+                    parts.append(algorithm.key)
+                    points.append(RunPoint("-".join(parts), variant, algorithm, sized, size, partitioning))
     return points
+
+
+def partitioning_slug(partitioning: PartitioningSpec) -> str:
+    """`p1mib-c4mib`, `pnone-call`: partition size and credit (0: all in flight)."""
+    size = partitioning.partition_bytes
+    credit = partitioning.credit_bytes
+    return f"p{_size_slug(size) if size else 'none'}-c{_size_slug(credit) if credit else 'all'}"
 
 
 def _size_slug(size: int) -> str:

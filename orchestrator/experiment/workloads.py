@@ -16,6 +16,10 @@ class WorkloadKind:
     tensors: Callable[[object], list[int]]
     # (spec, tensors, workers) → one workload for all workers or one per worker
     build: Callable[[object, list[int], int], dict | list[dict]]
+    # what the history checker can do with its runs: recompute a lost worker's contribution
+    # ("emulated": it depends on identity and iteration only), check what agents reported
+    # ("reported": real training), or nothing (None: a timed loop carries no gradient)
+    checked: str | None = "emulated"
 
 
 def _model_tensors(spec) -> list[int]:
@@ -34,7 +38,7 @@ def _digits_tensors(spec) -> list[int]:
 WORKLOADS: dict[str, WorkloadKind] = {
     "back-to-back": WorkloadKind(
         lambda spec: [max(1, spec.size // ITEMSIZE)],
-        lambda spec, tensors, workers: runner_workloads.back_to_back(tensors)),
+        lambda spec, tensors, workers: runner_workloads.back_to_back(tensors), checked=None),
     "model": WorkloadKind(
         _model_tensors,
         lambda spec, tensors, workers: runner_workloads.emulated(tensors, spec.compute)),
@@ -44,8 +48,13 @@ WORKLOADS: dict[str, WorkloadKind] = {
     "digits": WorkloadKind(
         _digits_tensors,
         lambda spec, tensors, workers: [runner_workloads.digits(workers, rank, spec.hidden, spec.lr, spec.batch,
-                                                                spec.seed) for rank in range(workers)]),
+                                                                spec.seed) for rank in range(workers)],
+        checked="reported"),
 }
+
+
+def checked(spec) -> str | None:
+    return WORKLOADS[spec.kind].checked
 
 
 def tensors(spec) -> list[int]:

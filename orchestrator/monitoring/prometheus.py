@@ -110,7 +110,9 @@ def monitor_up(lab) -> Monitor:
         write_atomically(paths["config"], config_text(lab, paths["targets"], exporter_port, paths["rules"]))
         proc, entry = processes.spawn(
             lab, PROCESS, [binary, f"--config.file={paths['config']}", f"--storage.tsdb.path={paths['data']}",
-                           f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"], paths["log"])
+                           f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
+                           "--web.enable-admin-api"],  # an experiment's TSDB snapshot (127.0.0.1 only)
+            paths["log"])
         started.append(proc.pid)
         state = entry | {"port": port, "exporter": exporter_entry | {"port": exporter_port}}
         write_atomically(paths["state"], json.dumps(state) + "\n")

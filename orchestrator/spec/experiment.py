@@ -18,6 +18,7 @@
       topologies: [bcube,2,1, {kind: star, servers: 4}]
       link_rates: [100Mbit, 1Gbit]
       sizes: [1MB, 4MB]                          # the workload's gradient size
+      partitionings: [{partition_bytes: 1MB}, {partition_bytes: 1MB, credit_bytes: 2MB}]  # replaces `partitioning`
 
 `load_experiment` reads it through spec/loader.py, so errors read like a lab file's:
 `smoke.yaml: agents.workload.size: ...`; a lab given as a path is read as a lab file and
@@ -192,6 +193,8 @@ class SweepSpec(_Strict):
     topologies: list[Annotated[TopologySpec, BeforeValidator(_topology)]] = Field(default_factory=list, max_length=100)
     link_rates: list[Rate] = Field(default_factory=list, max_length=100)
     sizes: list[Size] = Field(default_factory=list, max_length=100)
+    partitionings: list[PartitioningSpec] = Field(default_factory=list, max_length=100,
+                                                  description="ByteScheduler settings, each replacing `partitioning`")
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -219,7 +222,7 @@ class ExperimentSpec(_Strict):
             raise ValueError(f"sweep.sizes: the {kind} workload has a fixed size; sizes apply to "
                              f"{' and '.join(SIZED_KINDS)}")
         points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
-                  * max(1, len(self.sweep.sizes)) * len(self.agents.algorithms))
+                  * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings)) * len(self.agents.algorithms))
         if points > MAX_POINTS:
             raise ValueError(f"the sweep expands to {points} runs, more than {MAX_POINTS}: split the experiment")
         return self

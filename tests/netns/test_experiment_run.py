@@ -23,7 +23,9 @@ from tests.netns.probes import command_lines
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = [sys.executable, "-m", "orchestrator.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-FILES = {"experiment.yaml", "results.json", "results.csv", "iterations.csv", "gst.png", "iterations.png", "summary.md"}
+FILES = {"experiment.yaml", "results.json", "results.csv", "iterations.csv", "gst.png", "iterations.png", "links.png",
+         "summary.md"}
+MONITORED = FILES | {"prometheus"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -55,7 +57,7 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-2000:]
     print(f"smoke experiment: {wall:.1f} s\n{done.stdout}")
-    assert {p.name for p in out.iterdir()} == FILES
+    assert {p.name for p in out.iterdir()} == MONITORED
     assert "ex-smoke" not in live_labs() and not prometheus_of("ex-smoke")
 
     assert (out / "experiment.yaml").read_bytes() == (ROOT / "experiments/smoke.yaml").read_bytes()
@@ -73,7 +75,11 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert gst["mean"] == pytest.approx(sum(timed) / len(timed))
         assert min(timed) <= gst["p50"] <= gst["p95"] <= max(timed)
         predicted = point["predicted"]["seconds"]
-        assert predicted > 0 and point["ratio"] == pytest.approx(gst["mean"] / predicted)
+        # the ratio leaves out what the fault touched: iteration 2 (degraded) and what overlapped it
+        assert point["faulted_iterations"] and min(point["faulted_iterations"]) >= 2  # applied once all entered 2
+        clean = [t for i, t in enumerate(gst["per_iteration"]) if i >= spec["warmup"] and i not in point["faulted_iterations"]]
+        assert gst["fault_free_mean"] == pytest.approx(sum(clean) / len(clean))
+        assert predicted > 0 and point["ratio"] == pytest.approx(gst["fault_free_mean"] / predicted)
         # the measured GST is the network's: at least the fluid time, not orders beyond it
         assert 0.9 < point["ratio"] < 10
         assert point["algbw_bytes_per_s"] == pytest.approx(point["size_bytes"] / gst["mean"])
@@ -90,6 +96,7 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert 0 < fidelity["cpu_idle_share"] < 1 and fidelity["verdict"] in ("ok", "degraded")
         assert (fidelity["verdict"] == "degraded") == bool(fidelity["reasons"])
         assert any("measured/predicted" in r for r in fidelity["reasons"]) == (point["ratio"] > 1.10)
+        assert point["checker"]["clean"] is None  # a back-to-back loop carries no gradient to check
         [event] = point["fault_events"]
         assert event["action"] == "link-degrade" and event["target"] == "h0-sw" and event["error"] is None
         assert event["applied"] is not None and event["undone"] >= event["applied"]
@@ -100,9 +107,26 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
     assert float(rows[0]["gst_mean_s"]) == pytest.approx(results["points"][0]["gst_s"]["mean"], rel=1e-5)
     records = list(csv.DictReader((out / "iterations.csv").open()))
     assert len(records) == sum(len(p["records"]) for p in results["points"])
-    for png in ("gst.png", "iterations.png"):
+    for png in ("gst.png", "iterations.png", "links.png"):
         data = (out / png).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000
+    assert set(results["labs"][0]["tiers"].values()) == {"host-switch"} and len(results["labs"][0]["tiers"]) == 8
+    for point in results["points"]:
+        assert 0 < point["bytes_per_link"]["seconds"] and point["window"]["start"] < point["window"]["end"]
+
+    # Prometheus: the dashboards' queries for this run, and a TSDB snapshot taken before teardown
+    monitored = results["monitoring"]["ex-smoke"]
+    queries = json.loads((out / "prometheus/queries.json").read_text())["labs"]["ex-smoke"]
+    assert queries["start"] <= results["points"][0]["window"]["start"] < results["points"][-1]["window"]["end"] <= queries["end"]
+    assert set(queries["points"]) == {p["id"] for p in results["points"]}
+    assert {"experiment", "fabric", "faults", "host"} <= set(queries["dashboards"])
+    snapshot = out / "prometheus/snapshot/ex-smoke"
+    assert monitored["snapshot"] == "prometheus/snapshot/ex-smoke" and snapshot.is_dir()
+    blocks = [p for p in snapshot.iterdir() if (p / "meta.json").is_file()]
+    assert blocks or (snapshot / "chunks_head").is_dir(), sorted(p.name for p in snapshot.iterdir())
+    for block in blocks:
+        meta = json.loads((block / "meta.json").read_text())
+        assert meta["stats"]["numSeries"] > 0 and (block / "index").is_file()
     summary = (out / "summary.md").read_text()
     assert "status: **complete**" in summary and "link-degrade" in summary
     for point in results["points"]:
@@ -111,9 +135,11 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
     # `testbed report` renders the same files again from results.json
     for name in FILES - {"experiment.yaml", "results.json"}:
         (out / name).unlink()
+    (out / "prometheus/queries.json").unlink()
     again = subprocess.run(TESTBED + ["report", str(out)], capture_output=True, text=True, env=ENV, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert {p.name for p in out.iterdir()} == FILES
+    assert {p.name for p in out.iterdir()} == MONITORED
+    assert json.loads((out / "prometheus/queries.json").read_text())["labs"]["ex-smoke"] == queries
     assert (out / "summary.md").read_text() == summary
 
     # a results directory is never overwritten
@@ -153,6 +179,36 @@ def test_the_verdict_is_degraded_on_an_overloaded_machine(tmp_path, cleaned):
     assert fidelity["verdict"] == "degraded" and fidelity["cpu_idle_share"] < 0.2, fidelity
     assert any("idle while it ran" in reason for reason in fidelity["reasons"]), fidelity
     assert "degraded" in (tmp_path / "out" / "summary.md").read_text()
+
+
+CRASH = """
+name: ex-crash
+lab: {name: ex-crash, topology: {kind: star, servers: 4}, links: {bandwidth: 100Mbit}, servers: {runtime: netns}}
+agents: {via: exec, algorithms: [ring], workload: {kind: tensors, tensors: [100000, 50000], compute: 50ms}}
+iterations: 10
+monitoring: false
+faults:
+  events:
+    - {action: server-crash, target: h2, at_iteration: 3}
+"""
+
+
+def test_a_server_crash_mid_run_is_survived_and_checked(tmp_path, cleaned):
+    """A server crashes at iteration 3: the ring re-forms over the other three, the run ends,
+    and the history checker finds every aggregate exactly the sum of its members'."""
+    cleaned.append("ex-crash")
+    experiment = tmp_path / "crash.yaml"
+    experiment.write_text(CRASH)
+    done = subprocess.run(TESTBED + ["run", str(experiment), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [point] = json.loads((tmp_path / "out" / "results.json").read_text())["points"]
+    assert point["status"] == "done", point.get("error")
+    history = point["history"]
+    assert len(history) >= 2 and "h2" in history[0]["nodes"] and "h2" not in history[-1]["nodes"], history
+    assert point["checker"]["clean"] is True and point["checker"]["iterations"] == 10, point["checker"]
+    assert point["checker"]["lost"] == 0 and point["checker"]["duplicated"] == 0
+    assert "History checker" in (tmp_path / "out" / "summary.md").read_text()
 
 
 LONG = """
@@ -198,5 +254,5 @@ def test_ctrl_c_mid_run_leaves_nothing_but_partial_results(tmp_path, cleaned):
     assert first["error"] == "interrupted"
     # what was measured before Ctrl-C is kept: at least the first iteration
     assert 1 <= len(first["gst_s"]["per_iteration"]) < 40 and first["gst_s"]["mean"] > 0
-    assert {p.name for p in out.iterdir()} == FILES
+    assert {p.name for p in out.iterdir()} == MONITORED  # the snapshot is taken on the way down too
     assert "status: **partial (interrupted)**" in (out / "summary.md").read_text()

@@ -1,0 +1,191 @@
+"""A results directory rendered from results.json alone (no root, no lab): link utilisation
+by tier, the dashboards' queries for Prometheus, `testbed compare`, and every ready
+experiment of experiments/ validated and planned as `--dry-run` plans it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.experiment import compare, plots, report, snapshot
+from orchestrator.experiment.plan import make_plan
+from orchestrator.experiment.results import SCHEMA
+from orchestrator.experiment.sweep import expand
+from orchestrator.monitoring.dashboards import DASHBOARDS
+from orchestrator.spec.experiment import load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = [sys.executable, "-m", "orchestrator.cli"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+RATE = 12_500_000  # 100 Mbit in bytes per second
+TIERS = {"h0→s0": "level0", "s0→h0": "level0", "h1→s0": "level0", "s0→h1": "level0",
+         "h0→s1": "level1", "s1→h0": "level1"}
+
+
+def point(index: int, algorithm: str, gst: float | None, predicted: float, verdict: str = "ok",
+          status: str = "done", moved: dict | None = None) -> dict:
+    measured = {"gst_s": {"mean": gst, "p50": gst, "p95": gst, "min": gst, "max": gst,
+                          "per_iteration": [gst * 2, gst, gst]},
+                "ratio": gst / predicted, "algbw_bytes_per_s": 1e6 / gst, "busbw_bytes_per_s": 1.5e6 / gst,
+                "records": [{"rank": 0, "node": "h0", "iteration": i, "gst_s": gst, "compute_s": 0.0,
+                             "start_time": 1000.0 + i, "bytes_sent": 1, "bytes_received": 1, "verified": True}
+                            for i in range(3)],
+                "fidelity": {"verdict": verdict, "reasons": [] if verdict == "ok" else ["CPU 5% idle"],
+                             "cpu_idle_share": 0.5}} if gst else {}
+    return {"id": f"{index:03d}-bcube-2-1-100mbit-1mib-{algorithm}", "lab": "ex-unit", "topology": "bcube-2-1",
+            "link_rate": "100Mbit", "size_bytes": 1 << 20, "algorithm": algorithm, "workers": ["h0", "h1"],
+            "servers": [], "status": status, "error": None, "warmup": 1, "partitioning": {},
+            "predicted": {"seconds": predicted, "link_bytes": {}},
+            "fault_events": [{"action": "link-down", "target": "h0-s0", "planned": 1000.5, "applied": 1001.2,
+                              "undone": 1001.8, "error": None}],
+            "window": {"start": 1000.0, "end": 1004.0},
+            "bytes_per_link": {"measured": moved or {}, "seconds": 4.0, "predicted_per_allreduce": {}},
+            **measured}
+
+
+def results(points: list[dict], name: str = "unit", monitoring: bool = False) -> dict:
+    made = {"schema": SCHEMA, "status": "complete", "partial": False, "error": None,
+            "experiment": {"name": name, "description": "", "file": "experiment.yaml", "monitoring": monitoring},
+            "started": "2026-01-01T00:00:00.000+00:00", "finished": "2026-01-01T00:01:00.000+00:00", "wall_s": 60.0,
+            "versions": {"testbed": "0"},
+            "labs": [{"name": "ex-unit", "topology": "bcube-2-1", "link_rate": "100Mbit", "rate_bytes_per_s": RATE,
+                      "tiers": TIERS, "spec": {"servers": {"runtime": "netns"}}}],
+            "points": points}
+    if monitoring:
+        made["monitoring"] = {"ex-unit": {"url": "http://127.0.0.1:9", "started": 990.0, "ended": 1010.0,
+                                          "snapshot": "prometheus/snapshot/ex-unit"}}
+    return made
+
+
+def write(directory: Path, data: dict) -> Path:
+    directory.mkdir()
+    (directory / "results.json").write_text(json.dumps(data))
+    return directory
+
+
+# -- link utilisation by tier ---------------------------------------------------------------------
+def test_utilisation_by_tier_counts_idle_directions_and_the_busiest():
+    # level0: 4 directions, one carried 25 MB in 4 s at 12.5 MB/s → 0.5 of its capacity, others idle
+    moved = {"h0→s0": 25_000_000, "s1→h0": 10_000_000}
+    shares = plots.utilisation_by_tier(results([point(0, "ring", 1.0, 1.0, moved=moved)]))
+    assert shares == {"000-bcube-2-1-100mbit-1mib-ring": {"level0": (pytest.approx(0.125), pytest.approx(0.5)),
+                                                          "level1": (pytest.approx(0.1), pytest.approx(0.2))}}
+
+
+def test_points_without_counters_or_tiers_are_left_out():
+    old = results([point(0, "ring", 1.0, 1.0, moved={"h0→s0": 1})])
+    del old["labs"][0]["tiers"]  # a results.json written before tiers were recorded
+    assert plots.utilisation_by_tier(old) == {}
+    not_run = results([point(0, "ring", None, 1.0, status="not run")])
+    not_run["points"][0]["bytes_per_link"] = {}
+    assert plots.utilisation_by_tier(not_run) == {}
+
+
+def test_render_writes_every_file_from_results_json_alone(tmp_path):
+    data = results([point(0, "ring", 1.0, 0.95, moved={"h0→s0": 10_000_000}), point(1, "hips", 0.5, 0.5)],
+                   monitoring=True)
+    directory = write(tmp_path / "run", data)
+    written = report.render(directory)
+    names = {p.relative_to(directory).as_posix() for p in written}
+    assert names == {"results.csv", "iterations.csv", "gst.png", "iterations.png", "links.png", "summary.md",
+                     "prometheus/queries.json"}
+    assert (directory / "links.png").read_bytes().startswith(b"\x89PNG")
+    summary = (directory / "summary.md").read_text()
+    assert "![Link utilisation by tier](links.png)" in summary
+    assert "TSDB snapshot in [prometheus/snapshot/ex-unit]" in summary
+
+
+# -- Prometheus queries -----------------------------------------------------------------------------
+def test_queries_hold_every_dashboard_query_for_the_lab_and_the_run():
+    data = results([point(0, "ring", 1.0, 1.0)], monitoring=True)
+    queries = snapshot.queries(data)
+    lab = queries["labs"]["ex-unit"]
+    assert (lab["start"], lab["end"]) == (990.0, 1010.0)
+    assert lab["points"] == {"000-bcube-2-1-100mbit-1mib-ring": {"start": 1000.0, "end": 1004.0}}
+    assert set(lab["dashboards"]) == set(DASHBOARDS)
+    expressions = [q["expr"] for board in lab["dashboards"].values() for panel in board["panels"]
+                   for q in panel["queries"]] + [a["expr"] for board in lab["dashboards"].values()
+                                                  for a in board["annotations"]]
+    assert len(expressions) >= 30
+    assert all("$" not in e for e in expressions), [e for e in expressions if "$" in e]
+    assert any('lab="ex-unit"' in e and "[4s]" in e for e in expressions)
+    assert snapshot.write_queries(Path("/nonexistent"), results([point(0, "ring", 1.0, 1.0)])) is None  # no monitoring
+
+
+# -- testbed compare --------------------------------------------------------------------------------
+def test_compare_matches_points_by_what_they_measured(tmp_path):
+    a = results([point(0, "ring", 1.0, 0.9), point(1, "hips", 0.5, 0.5), point(2, "ps", 2.0, 2.0)], name="before")
+    later = [point(0, "hips", 0.4, 0.5), point(1, "ring", 1.2, 0.9, verdict="degraded"), point(2, "bml", 0.3, 0.3)]
+    b = results(later, name="after")
+    rows = {row.algorithm: row for row in compare.rows(a, b)}
+    assert list(rows) == ["ring", "hips", "ps", "bml"]  # A's order, then B's extras
+    assert rows["ring"].change == pytest.approx(1.2) and rows["hips"].change == pytest.approx(0.8)
+    assert rows["ps"].b is None and rows["bml"].a is None and rows["ps"].change is None
+    assert rows["ring"].cells()[5:] == ["1.111", "1.333", "ok", "degraded"]
+    assert rows["ps"].cells()[-1] == "absent"
+
+    first, second = write(tmp_path / "a", a), write(tmp_path / "b", b)
+    done = subprocess.run(TESTBED + ["compare", str(first), str(second), "--out", str(tmp_path / "cmp.md")],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "1.200" in done.stdout and "degraded" in done.stdout and "absent" in done.stdout
+    markdown = (tmp_path / "cmp.md").read_text()
+    assert "# before vs after" in markdown
+    assert "| 000-bcube-2-1-100mbit-1mib-ring | ring | 1 | 1.2 | 1.200 | 1.111 | 1.333 | ok | degraded |" in markdown
+
+
+def test_compare_refuses_a_directory_without_results(tmp_path):
+    (tmp_path / "empty").mkdir()
+    good = write(tmp_path / "a", results([point(0, "ring", 1.0, 1.0)]))
+    done = subprocess.run(TESTBED + ["compare", str(good), str(tmp_path / "empty")], capture_output=True,
+                          text=True, env=ENV, timeout=60)
+    assert done.returncode == 2 and "no results.json here" in done.stderr
+
+
+# -- ready experiments ------------------------------------------------------------------------------
+EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+def test_the_ready_experiments_are_there():
+    names = {p.stem for p in EXPERIMENTS}
+    assert {"smoke", "demo", "hips-vs-ring", "fattree-vs-bcube", "bigraph-hdrm", "bml-fault-tolerance",
+            "bytescheduler", "digits"} <= names
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_every_ready_experiment_plans_without_root(path):
+    spec = load_experiment(path)
+    plan = make_plan(spec, str(path))
+    assert plan.points and all(p.prediction.seconds > 0 for p in plan.points)
+    ids = [p.point.id for p in plan.points]
+    assert len(set(ids)) == len(ids)
+    for variant in plan.variants:  # ready experiments use ex-… labs, or the demo's own
+        assert variant.lab.name.startswith(("ex-", "demo")), variant.lab.name
+
+
+def test_every_ready_experiment_dry_runs_from_the_command_line():
+    for path in EXPERIMENTS:
+        done = subprocess.run(TESTBED + ["run", str(path), "--dry-run"], capture_output=True, text=True, env=ENV,
+                              timeout=120)
+        assert done.returncode == 0, f"{path.name}: {done.stderr}"
+        assert f"experiment {load_experiment(path).name}:" in done.stdout
+
+
+def test_a_partitioning_sweep_is_crossed_and_changes_the_prediction():
+    spec = load_experiment(ROOT / "experiments/bytescheduler.yaml")
+    points = expand(spec)
+    settings = spec.sweep.partitionings
+    assert len(points) == len(settings) * len(spec.agents.algorithms)
+    assert [p.partitioning for p in points[::len(spec.agents.algorithms)]] == list(settings)
+    assert points[0].id.endswith("-pnone-call-ring") and "-p512kib-c1mib-" in points[4].id
+    plan = make_plan(spec)
+    credited = [p.prediction.seconds for p in plan.points if p.point.partitioning.credit_bytes]
+    assert credited and plan.points[0].point.describe()["partitioning"] == {"partition_bytes": None,
+                                                                           "credit_bytes": 0}
+    copy.deepcopy(plan.points[0].point.describe())  # JSON-able, as results.json stores it
