@@ -13,6 +13,12 @@
    kernel's L3 multipath hash keeps a pair on one path; traceroute finds which). Reroute
    time = send time of the first datagram that arrives after the last lost one, minus the
    moment the fault was asked for: fault to restored reachability. Goal: ≤ 100 ms.
+3. BML on bcube,4,1 (`--bml`): GST (NCCL-tests' time per allreduce, as bench/fidelity.py;
+   the slowest agent's mean GST beside it) with no failure and with one crashed server (the run
+   survives it: driver.run(survive=True) re-forms BML with the server `failed`), beside the
+   seed's closed forms for BCube(m,2), m = 4: (m²−1)/m²·T healthy, m²/(m²−1)·T with one
+   failure (T = P/B; REFERENCE.md), and the cost model's prediction of the same schedules.
+   Goal: each within 15 % of its closed form.
 Each figure is the median of --repeats runs. Prints a table and JSON.
 """
 
@@ -29,9 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.collectives.context import Context  # noqa: E402
+from orchestrator.cost import Network  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.faults import Injector  # noqa: E402
+from orchestrator.runner import driver, lab_agents, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
+
+BML_GOAL = 0.15
 
 SENDER = """
 import socket, struct, sys, time
@@ -105,10 +116,64 @@ def bare_link_set(lab: Lab, node: str, interface: str) -> float:
     return seconds
 
 
+def bml_gst(lab: Lab, network: Network, elements: int, iterations: int, warmup: int,
+            failed: str | None) -> dict:
+    """BML's mean GST over `iterations` timed ones, every server's agent asked to take part;
+    with `failed`, that server crashed first (its agent killed, its links cut)."""
+    endpoints = lab_agents.start(lab, via="exec")
+    injector = Injector(lab)
+    applied = injector.inject("server-crash", failed).fault if failed else None
+    try:
+        ctx = Context(len(endpoints), lab.topology, tuple(e.node for e in endpoints))
+        result = driver.run(endpoints, "bml", [elements], workloads.back_to_back([elements]),
+                            iterations=warmup + iterations, ctx=ctx, network=network, survive=True)
+    finally:
+        if applied:
+            injector.undo(applied.id)
+        driver.shutdown(endpoints)
+    members = result.history[-1].nodes if result.history else tuple(e.node for e in endpoints)
+    # NCCL-tests' time per allreduce (bench/fidelity.py's figure), and the slowest agent's GST
+    return {"gst_s": statistics.fmean(result.back_to_back_times(warmup)),
+            "slowest_gst_s": statistics.fmean(result.gst()[-iterations:]), "predicted_s": result.predicted.seconds if result.predicted else None,
+            "servers": len(members), "failed": failed}
+
+
+def bml_section(iterations: int, warmup: int, mbytes: float, rate: str) -> dict:
+    spec = lab_from_argument("bcube,4,1", name="ftbml", **{"servers.runtime": "netns", "links.bandwidth": rate})
+    network = Network.from_links(spec.links)
+    elements = int(mbytes * 1e6) // 4
+    t = elements * 4 / (network.bandwidth / 8)  # T = P/B
+    m = 4
+    forms = {None: (m * m - 1) / (m * m) * t, "h11": (m * m) / (m * m - 1) * t}
+    rows = []
+    with Lab.up(spec) as lab:
+        for failed, form in forms.items():
+            row = bml_gst(lab, network, elements, iterations, warmup, failed)
+            row |= {"closed_form_s": form, "ratio_to_form": row["gst_s"] / form}
+            rows.append(row)
+    print(f"\nBML on bcube,4,1 at {rate}, {mbytes:g} MB, mean GST of {iterations} iterations after {warmup}:")
+    for row in rows:
+        label = f"one failed server ({row['failed']})" if row["failed"] else "no failure"
+        predicted = f"{row['predicted_s']:.3f}" if row["predicted_s"] else "?"
+        print(f"  {label:28} {row['gst_s']:7.3f} s  closed form {row['closed_form_s']:.3f} s  "
+              f"ratio {row['ratio_to_form']:.3f}  (goal ≤ {1 + BML_GOAL:.2f})  model {predicted} s  "
+              f"slowest agent's GST {row['slowest_gst_s']:.3f} s  {row['servers']} servers")
+    return {"bml": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in rows]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--bml", action="store_true", help="also BML's GST with and without a failed server")
+    parser.add_argument("--bml-only", action="store_true", help="only BML's GST section")
+    parser.add_argument("--bml-mbytes", type=float, default=12.5)
+    parser.add_argument("--bml-rate", default="100Mbit")
+    parser.add_argument("--bml-iterations", type=int, default=6)
     args = parser.parse_args()
+    if args.bml or args.bml_only:
+        print(json.dumps(bml_section(args.bml_iterations, 2, args.bml_mbytes, args.bml_rate)))
+        if args.bml_only:
+            return
     spec = lab_from_argument("fattree,4", name="ftbench", **{"servers.runtime": "netns"})
     with Lab.up(spec) as lab:
         injector = Injector(lab)

@@ -65,4 +65,5 @@ def test_agent_metrics_are_scraped_over_management(bcube_agents):
     address = lab.mgmt_address("h00")
     text = urllib.request.urlopen(f"http://{address}:{lab_agents.METRICS_PORT}/metrics", timeout=5).read().decode()
     assert 'testbed_gst_seconds_count{algorithm="ring"}' in text
-    assert "testbed_bytes_sent_total{peer=" in text
+    sent = [line for line in text.splitlines() if line.startswith("testbed_bytes_sent_total{")]
+    assert sent and all('peer="' in line and 'nic="' in line for line in sent), sent  # per peer and NIC
