@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,21 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.emulation import Lab, cleanup, kernel  # noqa: E402
 from orchestrator.emulation.plan import namespace_name  # noqa: E402
 from orchestrator.monitoring import monitor_down, monitor_up  # noqa: E402
-from orchestrator.monitoring.exporter import TICKS, FabricCollector  # noqa: E402
+from orchestrator.monitoring.exporter import FabricCollector, process_usage  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 SCRAPE_GOAL_S = 0.100
 CPU_GOAL = 0.05
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def resident_mib(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def kernel_floor(lab: Lab, nl: kernel.Netlink) -> float:
@@ -105,14 +95,14 @@ def main() -> int:
             library.append(library_rendering(collector))
             time.sleep(0.3)
         nl.close()
-        cpu0, wall0 = cpu_seconds(exporter_pid), time.monotonic()
+        cpu0, wall0 = process_usage(exporter_pid)[0], time.monotonic()
         memory = []
         deadline = wall0 + args.minutes * 60
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(60.0, left))
-            memory.append(round(resident_mib(monitor.pid), 1))
+            memory.append(round(process_usage(monitor.pid)[1] / 2**20, 1))
             print(f"  {(time.monotonic() - wall0) / 60:4.1f} min: prometheus {memory[-1]} MiB", flush=True)
-        cpu_share = (cpu_seconds(exporter_pid) - cpu0) / (time.monotonic() - wall0)
+        cpu_share = (process_usage(exporter_pid)[0] - cpu0) / (time.monotonic() - wall0)
         scrapes_seen = monitor.query('count_over_time(up{job="fabric"}[1h])')
         monitor_down(lab)
     finally:

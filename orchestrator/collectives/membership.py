@@ -27,11 +27,6 @@ class Membership:
     ctx: Context
     ranks: dict[str, int]  # live node → its rank in the re-formed schedules
 
-    @property
-    def size(self) -> int:
-        """Ranks in the schedules (dead ranks included when they keep their place)."""
-        return max(self.ranks.values(), default=-1) + 1
-
 
 Reform = Callable[[Context, list[str], list[str], set[str]], Membership]
 

@@ -18,6 +18,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from orchestrator.emulation.journal import write_atomically
 from orchestrator.runner.driver import Endpoint
 from orchestrator.topology import Topology
 from orchestrator.topology.describe import diameter
@@ -126,10 +127,4 @@ def record_deployed(lab, roles: dict[str, str], removed: list[str] = ()) -> None
     """Note servers' agents as deployed (server → role) or removed, replacing the file whole:
     the monitoring reads it at any time (its file_sd targets follow it)."""
     agents = {name: role for name, role in deployed(lab).items() if name not in removed} | roles
-    path = _agents_file(lab)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(prefix=".agents.", dir=path.parent)
-    with os.fdopen(descriptor, "w") as handle:
-        json.dump(dict(sorted(agents.items())), handle)
-    os.chmod(name, 0o644)
-    os.replace(name, path)
+    write_atomically(_agents_file(lab), json.dumps(dict(sorted(agents.items()))))

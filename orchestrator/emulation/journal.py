@@ -27,8 +27,9 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import re
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -156,6 +157,21 @@ def _under(parent: Path, name: str) -> Path:
 
 
 _fault_cache: dict[str, tuple[tuple, list[dict]]] = {}  # faults.jsonl path → (size/mtime key, records)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all (a temporary file renamed over it): readers
+    that poll the file, Prometheus's file_sd among them, never see half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 @dataclass

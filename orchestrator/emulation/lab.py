@@ -194,7 +194,7 @@ class Lab:
         The kernel drops static routes through an interface that goes down; bringing the
         link back reinstalls both ends' routes, so up undoes down exactly.
         """
-        links = [l for l in self.topology.links if set(l.nodes()) == {a, b}]
+        links = self.topology.links_between(a, b)
         if not links:
             raise NodeNotFound(f"lab {self.name} has no link between {a} and {b}")
         ns = self.plan.namespaces
@@ -229,12 +229,12 @@ class Lab:
         """The links wiring nodes a and b together (NodeNotFound for an unknown node)."""
         self.check_node(a)
         self.check_node(b)
-        return [link for link in self.topology.links if set(link.nodes()) == {a, b}]
+        return self.topology.links_between(a, b)
 
     def link_up(self, a: str, b: str) -> bool | None:
         """Whether every link between a and b is up at both ends (None: no such link); what
         driver.run's stall message names a dead path with."""
-        links = [link for link in self.topology.links if set(link.nodes()) == {a, b}]
+        links = self.topology.links_between(a, b)
         if not links:
             return None
         with kernel.Netlink() as nl:
@@ -310,7 +310,7 @@ class Lab:
             return []
         space = self.plan.namespaces[server]
         found = []
-        for pid in kernel.pids_by_namespace([space]).get(space, []):
+        for pid in kernel.pids_in([space]):
             try:
                 found.append({"pid": pid, "start": cleanup.process_start_time(pid)})
             except (FileNotFoundError, ProcessLookupError, IndexError):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 import statistics
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from orchestrator.emulation.journal import write_atomically
 from orchestrator.errors import BadUsage
 
 SCHEMA = 1
@@ -76,10 +76,7 @@ def versions() -> dict:
 
 def write(directory: Path, results: dict) -> None:
     """results.json, atomically: a reader (or a crash) never sees half a file."""
-    path = directory / RESULTS
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    os.replace(temporary, path)
+    write_atomically(directory / RESULTS, json.dumps(results, indent=1, default=str) + "\n")
 
 
 def load(directory: Path) -> dict:
@@ -156,6 +153,7 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     busbw = algbw * 2 * (workers - 1) / workers if algbw is not None and workers > 1 else None
     predicted = (point.get("predicted") or {}).get("seconds")
     faulted = faulted_iterations(records, point.get("fault_events") or [])
+    iterations = iteration_times(records)
     clean = [t for i, t in enumerate(gst) if i >= min(warmup, len(gst) - 1) and i not in faulted]
     fault_free = sum(clean) / len(clean) if clean else None
     return {
@@ -164,7 +162,7 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
         "ratio": fault_free / predicted if fault_free and predicted else None,
         "algbw_bytes_per_s": algbw,
         "busbw_bytes_per_s": busbw,
-        "iteration_s": {**summary(iteration_times(records)[warmup:]), "per_iteration": iteration_times(records)},
+        "iteration_s": {**summary(iterations[warmup:]), "per_iteration": iterations},
         "verified": all(r["verified"] for r in records) if records else None,
         "records": records,
     }

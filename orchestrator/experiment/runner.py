@@ -234,6 +234,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         raise
     finally:
         after = _fabric(fabric)
+        fabric.close()
         seconds = time.monotonic() - window[1]
         entry["window"] = {"start": window[0], "end": window[0] + seconds}  # Unix times: Prometheus's range
         entry["fault_events"] = [dataclasses.asdict(r) for r in timeline.events()]
@@ -241,7 +242,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                    "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
     if result is not None:
         progress("run", point.id, spec.iterations, spec.iterations)
-        records = _records(result)
+        records = result.records()
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and spec.iterations > 1:
@@ -263,7 +264,7 @@ def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: d
         partial = driver.RunResult("", planned.point.algorithm.name, replies, planned.size_bytes, 0.0)
         gst = partial.gst() if all(r.records for r in replies) else []
         if gst:
-            entry.update(results_lib.measured_point(entry, _records(partial), gst, min(warmup, len(gst) - 1), workers))
+            entry.update(results_lib.measured_point(entry, partial.records(), gst, min(warmup, len(gst) - 1), workers))
     except (grpc.RpcError, ValueError):
         pass
 
@@ -278,27 +279,17 @@ def _check(result: driver.RunResult, kind: str | None) -> dict:
             "lost": len(report.lost), "duplicated": len(report.duplicated)}
 
 
-def _records(result: driver.RunResult) -> list[dict]:
-    return [{"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,
-             "compute_s": rec.compute_seconds, "start_time": rec.start_time, "bytes_sent": rec.bytes_sent,
-             "bytes_received": rec.bytes_received, "loss": rec.loss, "param_digest": rec.param_digest,
-             "verified": rec.verified}
-            for r in result.results for rec in r.records]
-
-
 FABRIC = {"bytes": "testbed_link_transmit_bytes", "packets": "testbed_link_transmit_packets",
           "drops": "testbed_link_qdisc_drops"}
 
 
-def _fabric(collector: FabricCollector | None) -> dict[str, dict[str, int]]:
+def _fabric(collector: FabricCollector) -> dict[str, dict[str, int]]:
     """Per counter (bytes, packets, drops), each fabric link direction's total so far, from
     the kernel as the exporter reads it; plus the host's CPU seconds (idle, busy)."""
     counters: dict[str, dict[str, int]] = {key: {} for key in FABRIC}
     counters["cpu"] = host_cpu()
-    if collector is None:
-        return counters
     try:
-        families = collector.snapshot()
+        families = collector.link_families()
     except (TestbedError, OSError):
         return counters
     by_name = {name: key for key, name in FABRIC.items()}

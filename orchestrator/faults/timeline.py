@@ -105,7 +105,7 @@ class _Paper:
         self.topology, self.name = topology, name
 
     def links_between(self, a: str, b: str) -> list[Link]:
-        return [link for link in self.topology.links if set(link.nodes()) == {a, b}]
+        return self.topology.links_between(a, b)
 
 
 def plan(timeline: Timeline, topology: Topology, ps: Collection[str] = (), name: str = "") -> list[PlannedFault]:

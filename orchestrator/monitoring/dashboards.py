@@ -43,7 +43,7 @@ from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from orchestrator.errors import BadUsage
-from orchestrator.monitoring.targets import write_atomically
+from orchestrator.emulation.journal import write_atomically
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"

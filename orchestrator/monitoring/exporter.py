@@ -182,12 +182,22 @@ class FabricCollector(Collector):
         return known[0], {"up": bool(flags & kernel.IFF_UP), "carrier": bool(flags & IFF_LOWER_UP),
                           "tx_bytes": tx_bytes, "tx_packets": tx_packets}
 
+    def close(self) -> None:
+        """Close the netlink sockets (one per namespace) of a collector used for a while."""
+        with self.lock:
+            if self.nl is not None:
+                self.nl.close()
+                self.nl = None
+
+    def link_families(self) -> list[tuple[Family, list[tuple[tuple[str, ...], float]]]]:
+        """The link directions' families alone, read now (what a run's before/after needs)."""
+        with self.lock:
+            return self._links(*self._read())
+
     def snapshot(self) -> list[tuple[Family, list[tuple[tuple[str, ...], float]]]]:
         """Every family with its samples (label values, value), read now."""
         started = time.perf_counter()
-        with self.lock:
-            interfaces, queues = self._read()
-        families = self._links(interfaces, queues) + self._servers() + self._faults()
+        families = self.link_families() + self._servers() + self._faults()
         families.append((SCRAPE, [((), time.perf_counter() - started)]))
         return families
 
@@ -267,9 +277,10 @@ class FabricCollector(Collector):
         return list(zip(LINK_FAMILIES, (sent, packets, drops, over, backlog, up, rate)))
 
 
-def keep_targets(lab, path: Path, stop: threading.Event) -> None:
+def keep_targets(lab, path: Path) -> None:
     """Rewrite the agents' file_sd targets whenever the lab's deployed agents change."""
-    while not stop.wait(REFRESH_S):
+    while True:
+        time.sleep(REFRESH_S)
         try:
             write_targets(lab, path)
         except OSError:
@@ -282,14 +293,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Prometheus exporter of a live lab's links")
     parser.add_argument("lab")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--targets", type=Path, help="the agents' file_sd file to keep up to date")
+    parser.add_argument("--targets", type=Path, required=True, help="the agents' file_sd file to keep up to date")
     args = parser.parse_args()
     lab = Lab.attach(args.lab)
     serve(FabricCollector(lab), args.port)
-    stop = threading.Event()
-    if args.targets:
-        keep_targets(lab, args.targets, stop)
-    stop.wait()
+    keep_targets(lab, args.targets)  # until the process is stopped
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

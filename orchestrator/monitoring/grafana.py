@@ -20,7 +20,7 @@ from pathlib import Path
 from orchestrator.errors import MonitorError
 from orchestrator.monitoring import processes
 from orchestrator.monitoring.dashboards import export
-from orchestrator.monitoring.targets import write_atomically
+from orchestrator.emulation.journal import write_atomically
 from orchestrator.runner.local import free_ports
 
 PROCESS = "grafana"

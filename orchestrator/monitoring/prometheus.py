@@ -23,7 +23,8 @@ import yaml
 from orchestrator.errors import MonitorError
 from orchestrator.monitoring import processes
 from orchestrator.monitoring.grafana import Grafana, grafana_status, start_grafana, stop_grafana
-from orchestrator.monitoring.targets import JOB, write_atomically, write_targets
+from orchestrator.emulation.journal import write_atomically
+from orchestrator.monitoring.targets import JOB, write_targets
 from orchestrator.runner.local import free_ports
 
 SCRAPE_INTERVAL = "1s"

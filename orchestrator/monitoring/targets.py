@@ -11,11 +11,10 @@ file whenever it changes and must never see half of it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from orchestrator.deploy.agents import METRICS_PORT, deployed
+from orchestrator.emulation.journal import write_atomically
 
 JOB = "agents"
 
@@ -38,19 +37,6 @@ def agent_targets(lab) -> list[dict]:
                 labels[key] = _label_value(value)
         groups.append({"targets": [f"{lab.mgmt_address(server.name)}:{METRICS_PORT}"], "labels": labels})
     return groups
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_targets(lab, path: Path) -> list[dict]:

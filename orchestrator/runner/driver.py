@@ -34,9 +34,7 @@ from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import TestbedError
-from orchestrator.runner.stalls import (  # stall_message, RankView re-exported for callers
-    LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout, stall_message,
-)
+from orchestrator.runner.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
 
 log = logging.getLogger("testbed.driver")
 
@@ -149,8 +147,9 @@ class RunResult:
     def records(self) -> list[dict]:
         return [
             {"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,
-             "compute_s": rec.compute_seconds, "bytes_sent": rec.bytes_sent, "bytes_received": rec.bytes_received,
-             "loss": rec.loss, "param_digest": rec.param_digest, "verified": rec.verified}
+             "compute_s": rec.compute_seconds, "start_time": rec.start_time, "bytes_sent": rec.bytes_sent,
+             "bytes_received": rec.bytes_received, "loss": rec.loss, "param_digest": rec.param_digest,
+             "verified": rec.verified}
             for r in self.results for rec in r.records
         ]
 
@@ -490,12 +489,14 @@ def _around_down_nics(endpoints: list[Endpoint], ctx: Context,
         return endpoints
     topology, moved = ctx.topology, []
     down: dict[str, set[str]] = {}  # node → addresses of its NICs whose link is down
-    for link in topology.links:
-        if link_state(link.a.node, link.b.node) is False:
-            for end in (link.a, link.b):
-                iface = topology.nodes[end.node].interfaces.get(end.interface)
+    # only the links of servers with a choice of NICs: link_state reads the kernel each call
+    for node in {e.node for e in endpoints if e.by_nic}:
+        for link in topology.links_of(node):
+            if link_state(link.a.node, link.b.node) is False:
+                end = link.a if link.a.node == node else link.b
+                iface = topology.nodes[node].interfaces.get(end.interface)
                 if iface is not None and iface.address is not None:
-                    down.setdefault(end.node, set()).add(str(iface.address.ip))
+                    down.setdefault(node, set()).add(str(iface.address.ip))
     for e in endpoints:
         dead = down.get(e.node, set())
         host, _, port = e.data.rpartition(":")

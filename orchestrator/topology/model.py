@@ -151,6 +151,10 @@ class Topology:
     def links_of(self, node: str) -> list[Link]:
         return [link for link in self.links if node in link.nodes()]
 
+    def links_between(self, a: str, b: str) -> list[Link]:
+        """The links wiring nodes a and b together (none if they are not neighbours)."""
+        return [link for link in self.links if set(link.nodes()) == {a, b}]
+
     def address_of(self, node: str) -> ipaddress.IPv4Address:
         """A node's primary data address: its first addressed interface."""
         nics = self.node(node).data_nics()
