@@ -369,9 +369,9 @@ def fault(
     from orchestrator.faults import ACTIONS
 
     lasting = action not in ACTIONS or ACTIONS[action].lasting
-    if seconds is not None and not lasting and action != "link-flap":
+    if seconds is not None and action in ACTIONS and not ACTIONS[action].takes_duration:
         raise BadUsage(f"{action} is done at once: --for does not apply to it")
-    done = injector.inject(action, target, options, duration=seconds if action == "link-flap" else None)
+    done = injector.inject(action, target, options, duration=None if lasting else seconds)
     fault_id, what = done.fault.id, f"{action} {done.fault.target.text}"
     if not lasting:
         out.print(f"{what}: done in {done.seconds * 1000:.0f} ms (fault {fault_id})", highlight=False)
@@ -384,19 +384,14 @@ def fault(
 
 
 def _fault_duration(text: Optional[str]) -> Optional[float]:
-    from orchestrator.units import parse_duration
+    from orchestrator.units import parse_interval
 
     if text is None:
         return None
-    if text.strip().replace(".", "", 1).isdigit():
-        raise BadUsage(f"--for {text}: give a unit, e.g. 5s or 500ms")
     try:
-        seconds = parse_duration(text)
+        return parse_interval(text)
     except ValueError as exc:
-        raise BadUsage(f"--for: {exc}") from None
-    if seconds <= 0:
-        raise BadUsage(f"--for {text}: must be longer than zero")
-    return seconds
+        raise BadUsage(f"--for {exc}") from None
 
 
 def _wait_then_undo(injector, fault_id: str, what: str, seconds: float) -> None:

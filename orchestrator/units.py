@@ -103,6 +103,20 @@ def parse_duration(value: str | int | float) -> float:
     return number * _TIME_UNITS[unit]
 
 
+def parse_interval(value: str | int | float) -> float:
+    """Positive seconds from a duration the user types (`5s`, `500ms`) or a number of
+    seconds; a quoted bare number is refused rather than read as tc's milliseconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = parse_duration(f"{value}s") if value >= 0 else -1.0
+    elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+        raise ValueError(f"{shown(value)}: give a unit, e.g. 5s or 500ms")
+    else:
+        seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{shown(value)} must be longer than zero")
+    return seconds
+
+
 def parse_size(value: str | int) -> int:
     """Bytes from `512M`, `1G`, `64k`, `1GiB` or a bare number of bytes (binary multiples)."""
     number, unit = _split(value, "512M or 1G")

@@ -203,6 +203,21 @@ def container_pid(name: str) -> int | None:
     return state["Pid"] if state.get("Running") else None
 
 
+def start_container(name: str) -> int | None:
+    """Start a stopped (killed) container again; the PID of its new init, or None if it
+    was running already."""
+    api = client().api
+    try:
+        if api.inspect_container(name)["State"].get("Running"):
+            return None
+        api.start(name)
+        return api.inspect_container(name)["State"]["Pid"]
+    except NotFound:
+        raise EmulationError(f"container {name} is gone: the lab must be rebuilt (testbed down, then up)") from None
+    except APIError as exc:
+        raise EmulationError(f"start container {name}: {getattr(exc, 'explanation', exc)}") from None
+
+
 def exec_in(name: str, command: list[str], stream: Callable[[bytes], None] | None = None) -> tuple[int, bytes]:
     """Run a command in a container as `docker exec` does (its cgroups, env, namespaces)."""
     api = client().api

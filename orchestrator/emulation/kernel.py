@@ -473,6 +473,18 @@ class Netlink:
             self._indexes[(ns, name)] = link_index(message)
         self._dumped.add(ns)
 
+    def forget(self, ns: str) -> None:
+        """Drop what this Netlink holds of a namespace whose name now names another one (a
+        restarted container's): its socket would keep reading the old one."""
+        if (wrapped := self._sockets.pop(ns, None)) is not None:
+            wrapped.close()
+        if (raw := self._raw.pop(ns, None)) is not None:
+            raw.close()
+        if (fd := self._ns_fds.pop(ns, None)) is not None:
+            os.close(fd)
+        self._dumped.discard(ns)
+        self._indexes = {key: index for key, index in self._indexes.items() if key[0] != ns}
+
     def close(self) -> None:
         for sock in self._sockets.values():
             sock.close()
@@ -508,6 +520,7 @@ CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 REPLACE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
 IFF_UP = 0x1
 IFLA_IFNAME, IFLA_LINKINFO, IFLA_INFO_KIND, IFLA_INFO_SLAVE_DATA, IFLA_BRPORT_ISOLATED = 3, 18, 1, 5, 33
+IFLA_NET_NS_PID = 19
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTA_MULTIPATH, RTAX_CC_ALGO = 1, 4, 5, 7, 8, 9, 16
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST = 254, 4, 1
@@ -529,6 +542,13 @@ def link_up_message(index: int | None, ifname: str) -> bytes:
     body = struct.pack("=BBHiII", 0, 0, 0, index or 0, IFF_UP, IFF_UP)
     if not index:
         body += _attr(IFLA_IFNAME, ifname.encode() + b"\0")
+    return _message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, body)
+
+
+def move_message(index: int, pid: int) -> bytes:
+    """Move interface `index` into the network namespace of process `pid` (IFLA_NET_NS_PID).
+    The kernel takes it down and drops its addresses, routes and qdiscs on the way."""
+    body = struct.pack("=BBHiII", 0, 0, 0, index, 0, 0) + _attr(IFLA_NET_NS_PID, struct.pack("=I", pid))
     return _message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, body)
 
 
@@ -680,6 +700,12 @@ def set_up(nl: Netlink, ns: str | None, ifname: str) -> None:
     """Bring an interface up: by index when known, else by name, which the kernel resolves
     (a lookup first costs 1.7 ms of decoding here, the request by name 0.8 ms)."""
     nl.request(ns, link_up_message(nl.cached_index(ns, ifname), ifname), f"bring up {ifname}")
+
+
+def move_links(nl: Netlink, ns: str, names: Iterable[str], pid: int) -> None:
+    """Move interfaces of namespace `ns` into the network namespace of process `pid`."""
+    for name in names:
+        nl.request(ns, move_message(nl.index(ns, name), pid), f"move {name} out of {ns}")
 
 
 def set_link_state(nl: Netlink, ns: str | None, ifname: str, up: bool) -> None:

@@ -334,6 +334,49 @@ class Lab:
                     pass
         return sent
 
+    def revive_server(self, server: str) -> bool:
+        """Start a crashed server's container again, on its own network: a container that
+        starts gets a fresh namespace from Docker, so the server's interfaces (kept alive in
+        the old one, which its name still holds) move into the new one and get their
+        addresses, shaping and management side back. Its data links stay down: bringing
+        them up (and the routes with them) is `set_links`'. False when there was nothing to
+        start: a netns server (its namespace outlives its processes) or a running container."""
+        self.check_node(server)
+        if not self.plan.in_container(server):
+            return False
+        container = self.plan.container_name(server)
+        pid = docker_engine.start_container(container)
+        if pid is None:
+            return False
+        space = self.plan.namespaces[server]
+        with kernel.Netlink() as old:
+            moving = [name for name in kernel.links_in(old, space) if name != "lo"]  # opens a socket in it
+            # the name now holds the new namespace; `old` still talks to the old one, which
+            # goes with its last reference once its interfaces are out
+            kernel.delete_namespace(space)
+            kernel.attach_namespace(space, pid)
+            # before the interfaces arrive: they take the namespace's defaults (rp_filter, RPS)
+            kernel.in_namespaces([space], lambda _: kernel.write_sysctls(self.plan.sysctls(server), OPTIONAL_SYSCTLS))
+            kernel.move_links(old, space, moving, pid)
+        builder = _Builder(self, _quiet)
+        try:
+            kernel.set_up(builder.nl, space, "lo")
+            builder.mgmt_inside(builder.nl, server)
+            builder.configure_interfaces(builder.nl, server, links_up=False)
+        finally:
+            builder.nl.close()
+        if self.spec.rdma == "softroce":
+            builder.softroce([server])
+        return True
+
+    def settle(self, nodes: Collection[str]) -> None:
+        """Wait until the interfaces that are set up on `nodes` carry packets (see _Builder.settle)."""
+        builder = _Builder(self, _quiet)
+        try:
+            builder.settle(nodes)
+        finally:
+            builder.nl.close()
+
     def run_nft(self, scripts: dict[str, str]) -> None:
         """nft scripts in nodes' own namespaces (one transaction each; never the host's)."""
         by_ns = {self.namespace(node): script for node, script in scripts.items()}
@@ -388,6 +431,7 @@ class _Builder:
         self.progress = progress
         self.checkpoint = checkpoint  # raises if the build must stop (a signal): safe points only
         self.nl = kernel.Netlink()
+        self._ends: dict[str, list[str]] | None = None  # node → its interfaces that end links
 
     def build(self) -> None:
         steps = [self.nodes, self.open_netlink, self.sysctls, self.links, self.configure_nodes, self.management,
@@ -466,31 +510,40 @@ class _Builder:
     def configure_nodes(self) -> None:
         """Per node, in its own namespace: bridge and ports, addresses, shaping of its link
         ends, routes. A node's whole configuration stays with one worker."""
-        ns, links = self.plan.namespaces, self.spec.links
-        ends: dict[str, list[str]] = {}
-        for link in self.topology.links:
-            for end in (link.a, link.b):
-                ends.setdefault(end.node, []).append(end.interface)
-
-        def configure(nl: kernel.Netlink, name: str) -> None:
-            node, space = self.topology.nodes[name], ns[name]
-            congestion = self.lab.congestion(name)
-            if BRIDGE in node.interfaces:
-                kernel.add_bridge(nl, space, BRIDGE)
-            for iface in node.interfaces.values():
-                if iface.master:
-                    kernel.enslave(nl, space, iface.name, iface.master)
-                if iface.address is not None:
-                    kernel.add_address(nl, space, iface.name, iface.address, congestion)
-            for ifname in ends.get(name, []):
-                kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
-            for route in self.topology.routes_of(name):
-                kernel.add_route(nl, space, route.prefix, [(h.dev, h.via) for h in route.nexthops], congestion=congestion)
-
         kernel.in_workers(
-            list(self.topology.nodes), configure, lambda done, total: self.progress("configuring nodes", done, total),
-            checkpoint=self.checkpoint,
+            list(self.topology.nodes), self.configure_node,
+            lambda done, total: self.progress("configuring nodes", done, total), checkpoint=self.checkpoint,
         )
+
+    def link_ends(self, name: str) -> list[str]:
+        if self._ends is None:
+            self._ends = {}
+            for link in self.topology.links:
+                for end in (link.a, link.b):
+                    self._ends.setdefault(end.node, []).append(end.interface)
+        return self._ends.get(name, [])
+
+    def configure_node(self, nl: kernel.Netlink, name: str) -> None:
+        self.configure_interfaces(nl, name)
+        congestion = self.lab.congestion(name)
+        for route in self.topology.routes_of(name):
+            kernel.add_route(nl, self.plan.namespaces[name], route.prefix, [(h.dev, h.via) for h in route.nexthops],
+                             congestion=congestion)
+
+    def configure_interfaces(self, nl: kernel.Netlink, name: str, links_up: bool = True) -> None:
+        """A node's bridge and ports, addresses and the shaping of its link ends. With its
+        links down, the subnet routes get their congestion control when they come up."""
+        node, space, links = self.topology.nodes[name], self.plan.namespaces[name], self.spec.links
+        congestion = self.lab.congestion(name) if links_up else None
+        if BRIDGE in node.interfaces:
+            kernel.add_bridge(nl, space, BRIDGE)
+        for iface in node.interfaces.values():
+            if iface.master:
+                kernel.enslave(nl, space, iface.name, iface.master)
+            if iface.address is not None:
+                kernel.add_address(nl, space, iface.name, iface.address, congestion)
+        for ifname in self.link_ends(name):
+            kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the
@@ -514,22 +567,30 @@ class _Builder:
             kernel.add_veth(nl, None, host_if, ns, MGMT_IF, 1000, group=group, master=bridge, peer_mac=mac)
             kernel.isolate_port(nl, None, host_if)
             kernel.add_neighbour(nl, None, bridge, address.ip, mac)
-            kernel.set_up(nl, ns, MGMT_IF)
-            kernel.add_address(nl, ns, MGMT_IF, address)
-            kernel.add_neighbour(nl, ns, MGMT_IF, gateway.ip, gateway_mac)
+            self.mgmt_inside(nl, server)
 
         # seven requests a server, ~1 ms of pyroute2 each: spread over the cores
         kernel.in_workers(list(plan.mgmt), attach, lambda done, total: self.progress("management", done, total),
                           checkpoint=self.checkpoint)
 
-    def settle(self, timeout: float = 10.0) -> None:
-        """Wait until every lab interface is operationally up.
+    def mgmt_inside(self, nl: kernel.Netlink, server: str) -> None:
+        """The server's side of its management port: up, addressed, the gateway's MAC known."""
+        plan, ns = self.plan, self.plan.namespaces[server]
+        kernel.set_up(nl, ns, MGMT_IF)
+        kernel.add_address(nl, ns, MGMT_IF, plan.mgmt[server][1])
+        kernel.add_neighbour(nl, ns, MGMT_IF, plan.mgmt_gateway.ip, plan.mgmt_gateway_mac)
+
+    def settle(self, nodes: Collection[str] | None = None, timeout: float = 10.0) -> None:
+        """Wait until every lab interface (of `nodes`: every one that is set up) is
+        operationally up.
 
         The kernel activates a new veth's queue from its link-watch work, up to a second
         after carrier appears; packets sent before that vanish. A lab is ready only after.
         """
         wanted: dict[str, set[str]] = {}
         for node in self.topology.nodes.values():
+            if nodes is not None and node.name not in nodes:
+                continue
             names = set(node.interfaces)
             if node.is_server:
                 names.add(MGMT_IF)
@@ -538,7 +599,8 @@ class _Builder:
         while wanted:
             for ns in list(wanted):  # a namespace found ready is not looked at again
                 states = kernel.links_in(self.nl, ns)
-                if all(states.get(name, {}).get("state") == "UP" for name in wanted[ns]):
+                if all(states.get(name, {}).get("state") == "UP"
+                       or (nodes is not None and not states.get(name, {}).get("up")) for name in wanted[ns]):
                     del wanted[ns]
             if not wanted:
                 break
@@ -547,11 +609,14 @@ class _Builder:
             time.sleep(0.05)
         self.progress("ready", 1, 1)
 
-    def softroce(self) -> None:
-        """An rxe device on every data NIC of every server (`rdma link add` in its namespace)."""
+    def softroce(self, only: Collection[str] | None = None) -> None:
+        """An rxe device on every data NIC of every server, or of the servers named in
+        `only` (`rdma link add` in its namespace)."""
         plan = self.plan
         entries, commands = [], []
         for server in self.topology.servers:
+            if only is not None and server.name not in only:
+                continue
             for nic in server.data_nics():
                 device = f"rxe_{plan.id}_{nic.name}".replace("-", "_")
                 entries.append(Entry("rxe", device, {"netns": plan.namespaces[server.name]}))

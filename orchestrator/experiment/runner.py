@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -28,6 +29,7 @@ from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
 from orchestrator.experiment import snapshot, verdict, workloads
 from orchestrator.experiment.plan import Plan, PlannedPoint, context, topology_of
+from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
@@ -214,6 +216,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iteration, spec.iterations)
 
     watcher = _IterationWatcher(eps, spec.iterations, on_iteration)
+    rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
     result = None
     try:
         with timeline, watcher:
@@ -223,7 +226,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                 partition_bytes=point.partitioning.partition_bytes,
                                 credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                 network=Network.from_links(lab.spec.links), link_state=lab.link_up,
-                                survive=bool(faults))
+                                survive=bool(faults), rejoin=rejoiner)
     except driver.RunError as exc:
         entry["status"], entry["error"] = "failed", str(exc)
     except BaseException as exc:
@@ -233,6 +236,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             _collect_partial(eps, planned, entry, spec.warmup, workers)
         raise
     finally:
+        if rejoiner is not None:
+            rejoiner.close()
         after = _fabric(fabric)
         fabric.close()
         seconds = time.monotonic() - window[1]
@@ -349,14 +354,19 @@ class _IterationWatcher:
     def _loop(self) -> None:
         reached = 0
         while not self._stop.wait(POLL_SECONDS):
-            try:
-                statuses = [stub.Status(pb.Empty(), timeout=2) for stub in self._stubs]
-            except grpc.RpcError:
-                continue  # a crashed server: the run itself reports it
-            ids = {s.run_id for s in statuses}
-            if len(ids) != 1 or ids <= self._previous or statuses[0].state not in ("running", "done"):
-                continue  # not every agent has started this run yet
-            entered = min(self.iterations if s.state == "done" else s.iteration for s in statuses)
+            asked = [stub.Status.future(pb.Empty(), timeout=2) for stub in self._stubs]
+            statuses = []
+            for future in asked:
+                try:
+                    statuses.append(future.result())
+                except grpc.RpcError:
+                    continue  # a crashed or frozen server: the run goes on without it
+            current = [s for s in statuses if s.run_id not in self._previous and s.state in ("running", "done")]
+            if not current:
+                continue  # no agent has started this run yet
+            # a surviving run re-forms under new run ids: the largest group is the attempt under way
+            run_id, _ = Counter(s.run_id for s in current).most_common(1)[0]
+            entered = min(self.iterations if s.state == "done" else s.iteration for s in current if s.run_id == run_id)
             while reached < entered:
                 reached += 1
                 self.on_iteration(reached)

@@ -9,7 +9,6 @@ active fault holds it any more.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,7 +16,7 @@ from orchestrator.emulation import features
 from orchestrator.errors import FaultError, MissingFeature
 from orchestrator.faults.targets import Target
 from orchestrator.topology import Link
-from orchestrator.units import parse_duration, parse_percent, parse_rate
+from orchestrator.units import parse_duration, parse_interval, parse_percent, parse_rate
 
 
 @dataclass
@@ -45,6 +44,14 @@ class Action:
     lasting: bool = True  # False: done when apply returns (a flap, an explicit link-up)
     save: Callable[["object", Target], dict] | None = None  # state undo needs, read before acting
     heals: tuple[str, ...] = ()  # a one-shot that undoes active faults of these actions on its target
+    # (wait seconds, step) to run after apply, each under the fault lock but not held in
+    # between, so that heal, undo and other faults act meanwhile; `--for` sets how long
+    later: Callable[[dict], list[tuple[float, Step]]] | None = None
+
+    @property
+    def takes_duration(self) -> bool:
+        """Whether `for` means something: how long it lasts, or how long its steps go on."""
+        return self.lasting or self.later is not None
 
 
 # -- links ------------------------------------------------------------------------------------
@@ -59,15 +66,15 @@ def _restore(lab, fault: Fault, held: Held) -> None:
         lab.set_links(back, held)
 
 
-def _flap(lab, fault: Fault, held: Held) -> None:
-    period = fault.params.get("period", 1.0)
-    count = fault.params.get("count") or max(1, round(fault.params.get("duration", 3 * period) / period))
-    for cycle in range(count):
-        _cut(lab, fault, held)
-        time.sleep(period / 2)
-        _restore(lab, fault, held)
-        if cycle + 1 < count:
-            time.sleep(period / 2)
+def _flap_steps(params: dict) -> list[tuple[float, Step]]:
+    """After the first cut: up after half a period, down after the other half, … `count`
+    cycles (or as many as `duration` holds), ending up."""
+    period = params.get("period", 1.0)
+    count = params.get("count") or max(1, round(params.get("duration", 3 * period) / period))
+    steps: list[tuple[float, Step]] = [(period / 2, _restore)]
+    for _ in range(count - 1):
+        steps += [(period / 2, _cut), (period / 2, _restore)]
+    return steps
 
 
 def _nothing(lab, fault: Fault, held: Held) -> None:
@@ -112,6 +119,18 @@ def _crash(lab, fault: Fault, held: Held) -> None:
     """Kill what runs on the server and cut its links: a dead machine relays nothing."""
     lab.signal_server(fault.target.nodes[0], fault.saved.get("processes", []), "kill")
     _cut(lab, fault, held)
+
+
+def _revive(lab, fault: Fault, held: Held) -> None:
+    """Start a crashed server again (a container restarts on its own network; a namespace
+    outlived its processes) and bring back its links no other fault holds down. What ran
+    on it does not come back: its agents are deployed again (and rejoin a surviving run)."""
+    server = fault.target.nodes[0]
+    if lab.revive_server(server):
+        _restore(lab, fault, held)
+        lab.settle({server} | {end.node for link in fault.target.links for end in (link.a, link.b)})
+    else:
+        _restore(lab, fault, held)
 
 
 # -- partitions -------------------------------------------------------------------------------
@@ -166,16 +185,17 @@ ACTIONS: dict[str, Action] = {a.name: a for a in [
     Action("link-down", "link", "cut a link (both ends down); routes detour", _cut, _restore, holds_links=True),
     Action("link-up", "link", "bring a link back (undoes link-down and link-flap on it)", _restore, _nothing,
            lasting=False, heals=("link-down", "link-flap")),
-    Action("link-flap", "link", "cut and restore a link every --period, --count times (or for --for)", _flap,
-           _restore, params={"period": parse_duration, "count": _count}, holds_links=True, lasting=False),
+    Action("link-flap", "link", "cut and restore a link every --period, --count times (or for --for)", _cut,
+           _restore, params={"period": parse_interval, "count": _count}, holds_links=True, lasting=False,
+           later=_flap_steps),
     Action("link-degrade", "link", "lower a link's --rate (and --delay/--jitter/--loss where netem exists)",
            _degrade, _undegrade, params={"rate": parse_rate, "delay": parse_duration, "jitter": parse_duration,
                                          "loss": parse_percent}),
     Action("switch-down", "switch", "cut every link of a switch", _cut, _restore, holds_links=True),
     Action("server-crash", "server", "kill what runs on a server (SIGKILL / docker kill) and cut its links",
-           _crash, _restore, holds_links=True, save=_processes),
-    Action("server-restart", "server", "bring a crashed server's links back (redeploy its agents after)",
-           _restore, _nothing, lasting=False, heals=("server-crash",)),
+           _crash, _revive, holds_links=True, save=_processes),
+    Action("server-restart", "server", "start a crashed server again (its container too) and bring its links "
+           "back; deploy its agents again after", _revive, _nothing, lasting=False, heals=("server-crash",)),
     Action("server-pause", "server", "freeze what runs on a server (SIGSTOP / docker pause)", _pause, _resume,
            save=_processes),
     Action("partition", "servers", "cut a set of servers off from the rest (--direction both|in|out), by nftables "

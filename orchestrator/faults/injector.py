@@ -10,8 +10,10 @@ active faults hold down, read from the journal.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from orchestrator.emulation import Lab
 from orchestrator.emulation.journal import Entry
@@ -25,6 +27,8 @@ from orchestrator.topology import Link
 class Applied:
     fault: Fault
     seconds: float  # from the command to the lab changed (apply's own time)
+    at: float = 0.0  # Unix time the lab changed
+    steps: threading.Thread | None = None  # the action's later steps, when not waited for
 
 
 class Injector:
@@ -54,12 +58,15 @@ class Injector:
 
     # -- acting ---------------------------------------------------------------------------
     def inject(self, name: str, target_text: str, options: dict[str, str | None] | None = None,
-               duration: float | None = None, planned: float | None = None) -> Applied:
+               duration: float | None = None, planned: float | None = None, wait: bool = True,
+               then: Callable[[], None] | None = None) -> Applied:
         """Check, journal, apply. A fault that is refused leaves nothing behind. `duration`
-        only shapes a flap (the caller undoes a lasting fault when its time is up)."""
+        only sets how long an action's later steps go on (a flap's); the caller undoes a
+        lasting fault when its time is up. With `wait` False the later steps run in a
+        thread, which calls `then` when they are over."""
         act = action(name)
         params = parse_params(act, options or {})
-        if duration is not None and act.name == "link-flap":
+        if duration is not None and act.later is not None:
             params["duration"] = duration
         target = self.target(act, target_text)
         planned = time.time() if planned is None else planned
@@ -84,9 +91,44 @@ class Injector:
                 raise
             seconds = time.perf_counter() - started
             self.state.record_fault_event(fault.id, "applied", act.name, target.text, params)
-            if not act.lasting:
+            if not act.lasting and act.later is None:
                 self.state.record_fault_event(fault.id, "undone", act.name, target.text, params)
-        return Applied(fault, seconds)
+        done = Applied(fault, seconds, time.time())
+        if act.later is not None and wait:
+            self._go_on(act, fault)
+        elif act.later is not None:
+            def steps() -> None:
+                try:
+                    self._go_on(act, fault)
+                finally:
+                    if then is not None:
+                        then()
+
+            done.steps = threading.Thread(target=steps, name=f"fault-{fault.id}", daemon=True)
+            done.steps.start()
+        return done
+
+    def _go_on(self, act: Action, fault: Fault) -> None:
+        """The action's later steps, each under the lock; stops when the fault was undone
+        meanwhile (a heal). A one-shot is done (undone) after its last step."""
+        try:
+            for wait, step in act.later(fault.params):
+                time.sleep(wait)
+                with self.state.fault_lock():
+                    active = self.active()
+                    if fault.id not in {f.id for f in active}:
+                        return
+                    step(self.lab, fault, self.held(fault.id, active))
+        except BaseException:  # Ctrl-C mid-flap: the links come back, as after the last step
+            with self.state.fault_lock():
+                active = self.active()
+                if fault.id in {f.id for f in active}:
+                    self._undo(fault, active)
+            raise
+        if not act.lasting:
+            with self.state.fault_lock():
+                if fault.id in {f.id for f in self.active()}:
+                    self.state.record_fault_event(fault.id, "undone", act.name, fault.target.text, fault.params)
 
     def undo(self, fault_id: str) -> Fault:
         with self.state.fault_lock():

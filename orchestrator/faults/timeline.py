@@ -50,7 +50,7 @@ class PlannedFault:
 
     def describe(self) -> str:
         when = f"t+{self.at:g}s" if self.at is not None else f"iteration {self.at_iteration}"
-        lasting = ACTIONS[self.action].lasting or self.action == "link-flap"
+        lasting = ACTIONS[self.action].takes_duration
         length = f" for {self.duration:g}s" if self.duration is not None else (" until the end" if lasting else "")
         opts = "".join(f" --{k} {v}" for k, v in self.options.items())
         return f"{when}: {self.action} {self.target}{opts}{length} (event {self.event})"
@@ -118,7 +118,7 @@ def plan(timeline: Timeline, topology: Topology, ps: Collection[str] = (), name:
         where = f"timeline events.{index}"
         act = ACTIONS[event.action]
         options = _options(event, where)
-        if event.duration is not None and not act.lasting and act.name != "link-flap":
+        if event.duration is not None and not act.takes_duration:
             raise FaultError(f"{where}.for: {act.name} is done at once: leave `for` out")
         if event.repeat is not None and event.duration is None and act.lasting:
             raise FaultError(f"{where}.repeat: a repeated {act.name} needs `for` (else it lasts until the run ends)")
@@ -306,13 +306,17 @@ class TimelineRunner:
         fault, record = self.planned[index], self._records[index]
         try:
             if step == "apply":
+                def over() -> None:  # the action's later steps (a flap's) are done
+                    with self._wake:
+                        record.undone = time.time()
+
                 done = self.injector.inject(fault.action, fault.target, fault.options, fault.duration,
-                                            planned=record.planned)
+                                            planned=record.planned, wait=False, then=over)
                 with self._wake:
-                    record.fault_id, record.applied = done.fault.id, time.time()
-                    if not ACTIONS[fault.action].lasting:
+                    record.fault_id, record.applied = done.fault.id, done.at
+                    if not ACTIONS[fault.action].lasting and done.steps is None:
                         record.undone = record.applied
-                    elif fault.duration is not None:
+                    elif ACTIONS[fault.action].lasting and fault.duration is not None:
                         self._push(record.applied + fault.duration, "undo", index)
             elif record.undone is None:
                 if record.fault_id in {f["id"] for f in self.lab.state.active_faults()}:

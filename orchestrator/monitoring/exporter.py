@@ -144,12 +144,16 @@ class FabricCollector(Collector):
         self.label_text: dict[tuple, str] = {}
         self.servers = {lab.plan.namespaces[s.name]: s.name for s in lab.topology.servers}
         self.known: dict[tuple[str, int], tuple[str, int]] = {}  # (ns, ifindex) → (name, STATS64 offset)
+        # a restarted container's interfaces move to a new namespace under the old name
+        self.containers = [lab.plan.namespaces[s.name] for s in lab.topology.servers if lab.plan.in_container(s.name)]
+        self.identity: dict[str, int] = {}  # container namespace → the inode its name held when read
 
     def _read(self) -> tuple[dict, dict]:
         """(node → interface → facts, (node, interface) → root qdisc stats) of live nodes."""
         live = set(kernel.list_namespaces(namespace_name(self.lab.name, "")))
         if self.nl is None:
             self.nl = kernel.Netlink()
+        self._follow_restarts(live)
         interfaces, queues = {}, {}
         for node, ns in self.lab.plan.namespaces.items():
             if ns not in live:
@@ -162,6 +166,20 @@ class FabricCollector(Collector):
                 if (index := kernel.link_index(message)) in by_index:
                     queues[(node, name)] = by_index[index]
         return interfaces, queues
+
+    def _follow_restarts(self, live: set[str]) -> None:
+        """Reopen the socket of a container namespace whose name now holds another one."""
+        for ns in self.containers:
+            if ns not in live:
+                continue
+            try:
+                inode = os.stat(kernel.netns_path(ns)).st_ino
+            except FileNotFoundError:
+                continue
+            if self.identity.setdefault(ns, inode) != inode:
+                self.identity[ns] = inode
+                self.nl.forget(ns)
+                self.known = {key: place for key, place in self.known.items() if key[0] != ns}
 
     def _link(self, ns: str, message: bytes) -> tuple[str, dict]:
         """(name, {up, carrier, tx_bytes, tx_packets}) of one link message. A full parse walks

@@ -133,6 +133,21 @@ def test_link_flap_ends_up_and_records_one_event(make_lab):
     assert event["action"] == "link-flap" and event["undone"] is not None
 
 
+def test_a_heal_during_a_flap_acts_at_once_and_stops_the_flap(make_lab):
+    lab = make_lab("bcube,2,1", name="ftflap2", **NETNS)
+    injector = Injector(lab)
+    tables = routing_tables(lab)
+    flapping = injector.inject("link-flap", "h00-l0s0", {"period": "2s", "count": "5"}, wait=False)
+    time.sleep(0.3)
+    assert not lab.link_up("h00", "l0s0")  # in its first down half
+    started = time.monotonic()
+    assert [f.id for f in Injector(lab).heal()] == [flapping.fault.id]
+    assert time.monotonic() - started < 1.0, "heal waited for the flap (its lock was held)"
+    flapping.steps.join(3)
+    assert not flapping.steps.is_alive(), "the flap went on after the heal"
+    assert routing_tables(lab) == tables and injector.active() == []
+
+
 def test_link_degrade_changes_both_ends_rate_and_undo_restores_it(make_lab):
     lab = make_lab("bcube,2,1", name="ftdegrade", **NETNS, **{"links.bandwidth": "100Mbit"})
     injector = Injector(lab)

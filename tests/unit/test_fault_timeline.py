@@ -9,6 +9,7 @@ import time
 import pytest
 
 from orchestrator.errors import FaultError, SpecError
+from orchestrator.faults.injector import Applied
 from orchestrator.faults.timeline import CHOICES, PlannedFault, TimelineRunner, plan
 from orchestrator.spec import lab_from_argument
 from orchestrator.spec.loader import load, validate
@@ -187,13 +188,14 @@ class Recorder:
     def target(self, act, text):
         return text
 
-    def inject(self, name, target, options=None, duration=None, planned=None):
+    def inject(self, name, target, options=None, duration=None, planned=None, wait=True, then=None):
         if target == self.fail_on:
             raise RuntimeError("the kernel said no")
         fault_id = f"f{sum(kind == 'inject' for kind, _, _ in self.calls)}"
         self.calls.append(("inject", f"{name} {target}", time.time()))
         self.active.append(fault_id)
-        return type("Applied", (), {"fault": type("Fault", (), {"id": fault_id})})()
+        fault = type("Fault", (), {"id": fault_id})()
+        return Applied(fault, 0.0, time.time())
 
     def undo(self, fault_id):
         self.calls.append(("undo", fault_id, time.time()))

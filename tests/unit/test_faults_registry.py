@@ -76,6 +76,24 @@ def test_parameters_are_parsed_and_refused_by_name():
         parse_params(ACTIONS["link-flap"], {"count": "0"})
     with pytest.raises(FaultError, match="no fault action 'boom'"):
         action("boom")
+    # a bare number would be tc's milliseconds: a 1 ms flap is never what was meant
+    with pytest.raises(FaultError, match="link-flap --period: '1': give a unit"):
+        parse_params(ACTIONS["link-flap"], {"period": "1"})
+
+
+@pytest.mark.parametrize("params,shape", [
+    ({"period": 0.2, "count": 1}, ["up"]),
+    ({"period": 0.2, "count": 3}, ["up", "down", "up", "down", "up"]),
+    ({"period": 1.0, "duration": 2.0}, ["up", "down", "up"]),
+    ({}, ["up", "down", "up", "down", "up"]),  # 1 s period, 3 cycles
+])
+def test_a_flap_is_a_first_cut_then_steps_at_half_periods_ending_up(params, shape):
+    steps = ACTIONS["link-flap"].later(params)
+    period = params.get("period", 1.0)
+    assert [wait for wait, _ in steps] == [period / 2] * len(shape)
+    assert [step.__name__ for _, step in steps] == ["_restore" if s == "up" else "_cut" for s in shape]
+    assert ACTIONS["link-flap"].apply.__name__ == "_cut"
+    assert ACTIONS["link-flap"].takes_duration and not ACTIONS["link-up"].takes_duration
 
 
 @pytest.mark.parametrize("direction,hooks", [("both", {"input", "output"}), ("in", {"input"}), ("out", {"output"})])

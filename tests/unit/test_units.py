@@ -327,3 +327,15 @@ def test_shown_is_the_repr_of_small_values(value, text):
 def test_shown_is_short_and_one_line_whatever_the_value(value):
     text = units.shown(value)
     assert len(text) <= 50 and text.isprintable(), text
+
+
+@pytest.mark.parametrize("value,seconds", [("5s", 5.0), ("500ms", 0.5), (2, 2.0), (0.25, 0.25)])
+def test_parse_interval_reads_durations_and_plain_numbers_as_seconds(value, seconds):
+    assert units.parse_interval(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad,message", [("5", "give a unit"), ("0s", "longer than zero"), (0, "longer than zero"),
+                                         (-1, "longer than zero"), ("5 parsecs", "unknown time unit")])
+def test_parse_interval_refuses_bare_text_numbers_and_nothing(bad, message):
+    with pytest.raises(ValueError, match=message):
+        units.parse_interval(bad)
