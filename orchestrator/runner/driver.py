@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import queue
+import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,13 @@ BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message
 
 
 class RunError(TestbedError):
-    """A run failed on some agent; the message names the rank and node."""
+    """A run failed on some agent; the message names the rank and node. `cut`: pairs of
+    servers (by node) between which data did not move, when the failure names them (a stall's
+    dead edges, an agent's failed send): a surviving run finds a cut-off server with them."""
+
+    def __init__(self, message: str, cut: frozenset[frozenset[str]] = frozenset()) -> None:
+        super().__init__(message)
+        self.cut = cut
 
 
 class _Rejoining(Exception):
@@ -232,8 +239,11 @@ def run(
     that failed, redone from the parameters the survivors hold; `rejoin(dead nodes)`, polled
     meanwhile, returns endpoints of dead servers whose agents are back, which join at the
     next iteration boundary with the current parameters. The result's `history` says who
-    contributed when; runner/checker.py checks it. Fails (RunError) when nobody died (a
-    cut path, a bug: nothing to drop) or the algorithm cannot lose the dead.
+    contributed when; runner/checker.py checks it. A server whose agent answers but that no
+    data reaches or leaves (a partition, its only path down) is dropped too, once
+    `RETRIES` retries over fresh connections all named it and only it (`_Survivor._cut_off`).
+    Fails (RunError) when nobody died and no one server is cut off (a cut path, a bug:
+    nothing to drop) or the algorithm cannot lose the dead.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -365,6 +375,7 @@ class _Survivor:
         self.deadline = time.monotonic() + timeout
         self.predicted: Prediction | None = None
         self.retries = 0
+        self.cuts: list[frozenset[frozenset[str]]] = []  # RunError.cut of each of those retries
 
     def run(self) -> RunResult:
         started, done, state, reason = time.monotonic(), 0, b"", "start"
@@ -411,14 +422,22 @@ class _Survivor:
         """After an attempt stopped: who is dead, where to go on from, with which parameters."""
         answered = self._results(live)
         lost = {e.node for e in live} - set(answered)
+        cut_off = False
         if isinstance(failure, RunError) and not lost:
             # nobody to drop: a cut path, which new connections may route around (the lab
             # reroutes; TCP's own retransmissions back off for longer than a stall), or a bug
             self.retries += 1
+            self.cuts.append(failure.cut)
             if self.retries > RETRIES:
-                raise failure
-        else:
-            self.retries = 0
+                # or a server cut off from the others' data (a partition; its only path
+                # down) whose agent still answers on the management network: dropped like a
+                # dead one, else such a fault failed every surviving run
+                lost = self._cut_off(live)
+                if not lost:
+                    raise failure
+                cut_off = True
+        if lost or not isinstance(failure, RunError):
+            self.retries, self.cuts = 0, []
         for e in live:
             self._keep(e.node, answered[e.node].records if e.node in answered else collected.get(e.node, []))
         self.dead |= lost
@@ -430,6 +449,8 @@ class _Survivor:
                    and got.records[-1].iteration == resume - 1]
         if holders and answered[holders[0]].state:
             state = answered[holders[0]].state
+        if cut_off:
+            failure = f"cut off (no data to or from it in {RETRIES + 1} attempts in a row): {failure}"
         reason = f"{', '.join(sorted(lost))} lost: {failure}" if lost else \
             "rejoin" if isinstance(failure, _Rejoining) else f"retried: {failure}"
         if self.rejoin is not None and not self.back:
@@ -443,6 +464,14 @@ class _Survivor:
         log.warning("%s re-forms from iteration %d over %d servers (%s)", self.how.algorithm, resume,
                     len(self.current) - len(self.dead), reason)
         return resume, state, reason
+
+    def _cut_off(self, live: list[Endpoint]) -> set[str]:
+        """The one live server at an end of every pair that data did not move between, in
+        every failed attempt of the retries (each naming some): cut off from the others."""
+        if not self.cuts or not all(self.cuts):
+            return set()
+        common = set.intersection(*(set(pair) for cut in self.cuts for pair in cut)) & {e.node for e in live}
+        return common if len(common) == 1 else set()
 
     def _results(self, live: list[Endpoint]) -> dict[str, pb.RunResults]:
         """Results of every agent that still answers, by node: the others are dead."""
@@ -638,7 +667,10 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
                 received[endpoint.rank] += len(status.records)
             if status.state == "failed":
                 _stop_all(stubs)
-                raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}")
+                # what is cut: its failed send, and the paths others have waited on for long
+                cut = _send_failed(endpoint.node, status.error) | \
+                    stall.cut(_views({e.rank: e for e in endpoints}, last), least=stall.timeout / 2)
+                raise RunError(f"rank {endpoint.rank} ({endpoint.node}) failed: {status.error}", cut)
             if status.state == "done":
                 del pending[endpoint.rank]
             elif time.monotonic() <= deadline:
@@ -651,11 +683,20 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
             message = stall.message(views)
             silent = {e.control for e, v in zip(endpoints, views) if v.silent >= SILENT_SECONDS}
             _stop_all(stubs, silent)
-            raise RunError(message)
+            raise RunError(message, stall.cut(views))
         if pending and time.monotonic() > deadline:
             _stop_all(stubs)
             names = ", ".join(e.node for e in list(pending.values())[:4])
             raise RunError(f"run timed out waiting for {names}")
+
+
+_SENDING_TO = re.compile(r"sending to rank \d+ \(([^()\s]+)\)")  # agent/engine.py's _refusal
+
+
+def _send_failed(node: str, error: str) -> frozenset[frozenset[str]]:
+    """{node, peer} when an agent's error is a send to a peer that failed (see RunError.cut)."""
+    found = _SENDING_TO.search(error)
+    return frozenset({frozenset((node, found[1]))}) if found and found[1] != node else frozenset()
 
 
 def _views(ranks: dict[int, Endpoint], last: dict[int, tuple[pb.AgentStatus | None, float]]) -> list[RankView]:

@@ -50,6 +50,17 @@ class Stall:
     def message(self, views: list[RankView]) -> str:
         return stall_message(self.algorithm, views, self.timeout, self.path_of, self.link_state)
 
+    @staticmethod
+    def cut(views: list[RankView], least: float = 0.0) -> frozenset[frozenset[str]]:
+        """The pairs of servers (by node) between which data does not arrive: the dead edges
+        among the ranks that still answer, whose receiver has waited `least` seconds at least
+        (what a surviving run finds a server cut off from the others' data with, though its
+        agent answers: driver._Survivor)."""
+        by_rank = {v.rank: v for v in views}
+        silent = {v.rank for v in views if v.silent >= SILENT_SECONDS}
+        return frozenset(frozenset((by_rank[src].node, by_rank[dst].node)) for src, dst, _ in _dead_edges(views, silent)
+                         if by_rank[dst].stalled >= least)
+
 
 def stall_message(algorithm: str, views: list[RankView], timeout: float,
                   path_of: Callable[[str, str], list[str]] | None = None,
@@ -93,6 +104,11 @@ def _dead_edges(views: list[RankView], silent: set[int]) -> list[tuple[int, int,
     for rank, status in statuses.items():
         for wait in status.pending:
             if wait.kind != "receive" or not wait.ready or wait.peer not in statuses:
+                continue
+            if statuses[wait.peer].iteration < status.iteration:
+                # the sender has not reached this iteration (held up in the last one: ranks
+                # that finished it wait in the next): its pending sends are the last one's, so
+                # no send listed would read as written in full, a dead edge that is not
                 continue
             sends = [q for q in statuses[wait.peer].pending
                      if q.kind == "send" and q.peer == rank and q.step == wait.step and q.partition == wait.partition
