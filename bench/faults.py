@@ -39,6 +39,7 @@ from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.faults import Injector  # noqa: E402
+from orchestrator.monitoring.exporter import host_cpu  # noqa: E402
 from orchestrator.runner import driver, lab_agents, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
@@ -123,6 +124,7 @@ def bml_gst(lab: Lab, network: Network, elements: int, iterations: int, warmup: 
     endpoints = lab_agents.start(lab, via="exec")
     injector = Injector(lab)
     applied = injector.inject("server-crash", failed).fault if failed else None
+    cpu_before = host_cpu()
     try:
         ctx = Context(len(endpoints), lab.topology, tuple(e.node for e in endpoints))
         result = driver.run(endpoints, "bml", [elements], workloads.back_to_back([elements]),
@@ -131,11 +133,12 @@ def bml_gst(lab: Lab, network: Network, elements: int, iterations: int, warmup: 
         if applied:
             injector.undo(applied.id)
         driver.shutdown(endpoints)
+    cpu = {mode: host_cpu()[mode] - cpu_before[mode] for mode in ("idle", "busy")}
     members = result.history[-1].nodes if result.history else tuple(e.node for e in endpoints)
     # NCCL-tests' time per allreduce (bench/fidelity.py's figure), and the slowest agent's GST
     return {"gst_s": statistics.fmean(result.back_to_back_times(warmup)),
             "slowest_gst_s": statistics.fmean(result.gst()[-iterations:]), "predicted_s": result.predicted.seconds if result.predicted else None,
-            "servers": len(members), "failed": failed}
+            "servers": len(members), "failed": failed, "cpu_idle": cpu["idle"] / (cpu["idle"] + cpu["busy"])}
 
 
 def bml_section(iterations: int, warmup: int, mbytes: float, rate: str) -> dict:
@@ -157,7 +160,8 @@ def bml_section(iterations: int, warmup: int, mbytes: float, rate: str) -> dict:
         predicted = f"{row['predicted_s']:.3f}" if row["predicted_s"] else "?"
         print(f"  {label:28} {row['gst_s']:7.3f} s  closed form {row['closed_form_s']:.3f} s  "
               f"ratio {row['ratio_to_form']:.3f}  (goal ≤ {1 + BML_GOAL:.2f})  model {predicted} s  "
-              f"slowest agent's GST {row['slowest_gst_s']:.3f} s  {row['servers']} servers")
+              f"slowest agent's GST {row['slowest_gst_s']:.3f} s  {row['servers']} servers  "
+              f"CPU idle {row['cpu_idle']:.0%}")
     return {"bml": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in rows]}
 
 
