@@ -7,7 +7,7 @@ algorithm, registered in REFORMS (default: `renumber`):
 - renumber: the live workers become ranks 0..n−1 in their old order, the live parameter
   servers follow; ring, tree, halving-doubling (any n: MPICH's method), mesh, ps (its
   shards re-cut over the live servers), … compile over that as over any n.
-- keep_ranks (BML): ranks stay the topology's, the dead servers are named in the `failed`
+- keep_ranks (BML, and HiPS on BCube, which goes on as BML): ranks stay the topology's, the dead servers are named in the `failed`
   option and the algorithm splits the gradient into N−f sets and detours the flows they
   relayed (REFERENCE.md); dead ranks get empty plans.
 """
@@ -46,6 +46,8 @@ def renumber(ctx: Context, workers: list[str], servers: list[str], dead: set[str
         if not live_servers:
             raise ValueError("every parameter server has failed")
         options["shards"] = len(live_servers)
+    elif options.get("colocated") and options.get("shards", 0) > len(live_workers):
+        options["shards"] = len(live_workers)  # shards on workers: the dead ones' move to the living
     keep_nodes = tuple(nodes) if ctx.nodes else ()
     return Membership(replace(ctx, workers=len(live_workers), nodes=keep_nodes, options=options), ranks)
 
@@ -57,7 +59,7 @@ def keep_ranks(ctx: Context, workers: list[str], servers: list[str], dead: set[s
     return Membership(replace(ctx, options=options), {n: r for r, n in enumerate(nodes) if n not in dead})
 
 
-REFORMS: dict[str, Reform] = {"bml": keep_ranks}
+REFORMS: dict[str, Reform] = {"bml": keep_ranks, "hips": keep_ranks}  # hips: on BCube, as BML (hips.py)
 
 
 def reform(algorithm: str, ctx: Context, workers: list[str], servers: list[str], dead: set[str]) -> Membership:

@@ -422,3 +422,20 @@ def test_wrong_worker_count(topo, name, kind, params):
         builder(name)(Context(len(servers) + 1, t), 10)
     with pytest.raises(ValueError, match="exactly once"):
         builder(name)(Context(len(servers), t, tuple(servers[:-1] + servers[:1])), 10)
+
+
+@pytest.mark.parametrize("dead", ["h00", "h21", "h33"])
+def test_hips_on_bcube_goes_on_without_a_server_as_bml_does(topo, dead):
+    """A surviving run re-forms HiPS with `failed` (membership.keep_ranks): on BCube it runs
+    BML's scheme for failures, exact sums over the 15 live servers, nothing to or from the dead."""
+    t = topo("bcube", n=4, k=1)
+    ctx = context(t, failed=[dead])
+    size, offset, length = 2 * 15 * 16 * 3, 0, 2 * 15 * 16 * 3
+    schedule = hips.build(ctx, size, offset, length)
+    assert schedule.algorithm == "hips" and schedule.steps == bml.build(ctx, size, offset, length).steps
+    gone = ctx.rank_of(dead)
+    assert gone not in schedule.workers and all(gone not in (tr.src, tr.dst) for _, tr in schedule.transfers())
+    check_exact(schedule, size, offset, length, 7)
+    with pytest.raises(ValueError, match="torus cannot go on"):
+        torus = topo("torus", k=4, d=2)
+        hips.build(context(torus, failed=[names(torus)[0]]), 64)

@@ -109,11 +109,29 @@ def _ring_steps(
     return scatter, gather, owned
 
 
+def _without(ctx: Context, size: int, offset: int, length: int, torus: bool) -> Schedule:
+    """HiPS on BCube re-formed over failed servers (option `failed`, set by a surviving run):
+    its parts visiting the levels in turn are BML's set groups, and BML's scheme for failures
+    (N−f sets, flows the dead relayed detoured through a same-switch peer; bml.py) is the
+    way on; with no failure the two cost the same, 2(N−1)/N·P/(h·B). A torus has no such
+    scheme here: its rings cannot lose a node."""
+    if torus:
+        raise ValueError("hips on a torus cannot go on without a server (its rings need every node)")
+    from orchestrator.collectives.algorithms import bml  # bml builds on this module's helpers
+
+    schedule = bml.build(ctx, size, offset, length)
+    schedule.algorithm = "hips"
+    schedule.meta["as"] = "bml with failed servers"
+    return schedule
+
+
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:
     length = size - offset if length is None else length
     topology, ranks = topology_ranks(ctx, "hips", ("bcube", "torus"))
     coords, base, h = level_coords(topology, ranks)
     torus = topology.kind == "torus"
+    if ctx.option("failed", []):
+        return _without(ctx, size, offset, length, torus)
     schedule = Schedule("hips", ctx.workers, size, meta={"stages": h})
     if ctx.workers < 2:
         return schedule
