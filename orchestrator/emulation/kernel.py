@@ -852,10 +852,19 @@ def set_rate(nl: Netlink, ns: str | None, ifname: str, rate_bps: int) -> None:
     nl.request(ns, _htb_class(nl.index(ns, ifname), "change-class", rate_bps), f"rate of {ifname}")
 
 
+RTM_DELQDISC = 37
+
+
 def set_leaf(nl: Netlink, ns: str | None, ifname: str, queue: int, delay_s: float = 0.0, jitter_s: float = 0.0,
              loss_percent: float = 0.0) -> None:
-    """Replace a shaped interface's queue: netem with delay/jitter/loss, or the plain FIFO."""
-    _leaf(nl, ns, ifname, nl.index(ns, ifname), "replace", queue, delay_s, jitter_s, loss_percent)
+    """Replace a shaped interface's queue: netem with delay/jitter/loss, or the plain FIFO.
+    The kernel changes a qdisc in place only within its kind (a FIFO cannot become netem),
+    so the old leaf goes first (HTB puts a default FIFO under its class meanwhile)."""
+    index = nl.index(ns, ifname)
+    body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, LEAF, HTB_CLASS, 0)  # tcmsg, no kind: any
+    nl.request(ns, _message(RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK, body), f"queue of {ifname}",
+               ok=(errno.ENOENT,))
+    _leaf(nl, ns, ifname, index, "replace", queue, delay_s, jitter_s, loss_percent)
 
 
 def read_rate(nl: Netlink, ns: str | None, ifname: str) -> int | None:

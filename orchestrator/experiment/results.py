@@ -141,6 +141,18 @@ def faulted_iterations(records: list[dict], events: list[dict]) -> list[int]:
     return sorted(i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults))
 
 
+def _predicted_at(iteration: int, history: list[dict], predicted: float | None) -> float | None:
+    """The point's prediction for the membership that ran `iteration`: scaled by how the
+    run's own prediction for that membership compares with its first (all servers)."""
+    first = history[0].get("predicted_s") if history else None
+    found = predicted
+    for epoch in history:
+        if epoch["first"] <= iteration:
+            found = predicted * epoch["predicted_s"] / first if predicted and first and epoch.get("predicted_s") \
+                else predicted
+    return found
+
+
 def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
     """The measured fields of a point from its agents' records and per-iteration GST. The
     ratio to the prediction (a fault-free network's) leaves out the iterations a fault of
@@ -154,12 +166,15 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     predicted = (point.get("predicted") or {}).get("seconds")
     faulted = faulted_iterations(records, point.get("fault_events") or [])
     iterations = iteration_times(records)
-    clean = [t for i, t in enumerate(gst) if i >= min(warmup, len(gst) - 1) and i not in faulted]
-    fault_free = sum(clean) / len(clean) if clean else None
+    kept = [i for i in range(len(gst)) if i >= min(warmup, len(gst) - 1) and i not in faulted]
+    fault_free = sum(gst[i] for i in kept) / len(kept) if kept else None
+    # each iteration beside the prediction for the membership that ran it (a surviving run
+    # re-formed over fewer servers is predicted again: driver.Epoch.predicted_s)
+    expected = [_predicted_at(i, point.get("history") or [], predicted) for i in kept]
     return {
         "gst_s": {**stats, "per_iteration": gst, "fault_free_mean": fault_free},
         "faulted_iterations": faulted,
-        "ratio": fault_free / predicted if fault_free and predicted else None,
+        "ratio": sum(gst[i] for i in kept) / sum(expected) if kept and all(expected) else None,
         "algbw_bytes_per_s": algbw,
         "busbw_bytes_per_s": busbw,
         "iteration_s": {**summary(iterations[warmup:]), "per_iteration": iterations},

@@ -248,11 +248,11 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     if result is not None:
         progress("run", point.id, spec.iterations, spec.iterations)
         records = result.records()
+        entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]  # measured_point reads it
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and spec.iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
-        entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]
         entry["checker"] = _check(result, workloads.checked(point.workload))
     entry["fidelity"] = _judge(entry, before, after, float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)

@@ -66,6 +66,7 @@ class Epoch:
     members: tuple[int, ...]
     nodes: tuple[str, ...]
     reason: str = "start"
+    predicted_s: float | None = None  # the cost model's allreduce time for this membership
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,7 @@ class _Span:
     state: bytes = b""  # model parameters to start from
     collect: dict[str, list] | None = None  # node → records, streamed as they are made
     interrupt: Callable[[], bool] | None = None  # polled: True stops the attempt (_Rejoining)
+    predicted: Prediction | None = None  # set by the attempt: its schedules' prediction
 
 
 def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int, dict], span: _Span,
@@ -301,6 +303,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     nodes, in_lab = _rank_nodes(ctx, endpoints, ranks)
     network = how.network
     predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
+    span.predicted = predicted
     if predicted is not None and how.pace and in_lab:
         # in a lab, each connection paced at its fair share (agent/pacing.py says why)
         plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
@@ -394,8 +397,10 @@ class _Survivor:
             try:
                 result = _attempt(self.how, membership.ctx, live, specs, span, max(1.0, self.deadline - time.monotonic()))
             except (RunError, _Rejoining) as failure:
+                self._predicted(span)
                 done, state, reason = self._recover(live, collected, failure, done, state)
                 continue
+            self._predicted(span)
             self.predicted = self.predicted or result.predicted
             for e, got in zip(live, result.results):
                 self._keep(e.node, got.records)
@@ -403,6 +408,10 @@ class _Survivor:
             return self._result(time.monotonic() - started)
         raise RunError(f"{self.how.algorithm}: membership changed {MAX_REFORMS} times: is a server failing over and "
                        "over? look at its agent's log")
+
+    def _predicted(self, span: _Span) -> None:
+        if span.predicted is not None:
+            self.history[-1] = dataclasses.replace(self.history[-1], predicted_s=span.predicted.seconds)
 
     def _membership(self):
         try:

@@ -189,3 +189,23 @@ def test_a_partitioning_sweep_is_crossed_and_changes_the_prediction():
     assert credited and plan.points[0].point.describe()["partitioning"] == {"partition_bytes": None,
                                                                            "credit_bytes": 0}
     copy.deepcopy(plan.points[0].point.describe())  # JSON-able, as results.json stores it
+
+
+def test_the_ratio_sets_each_iteration_beside_the_prediction_for_its_membership():
+    """A surviving run re-formed over 15 of 16 servers is predicted again (driver.Epoch):
+    its iterations count against that prediction, scaled to the point's; faulted ones not at all."""
+    from orchestrator.experiment.results import measured_point
+
+    records = [{"iteration": i, "start_time": 10.0 * i, "compute_s": 0.0, "gst_s": 1.0, "node": "h0", "rank": 0,
+                "verified": True, "bytes_sent": 0, "seconds": 1.0} for i in range(6)]
+    gst = [1.0, 1.0, 9.0, 2.0, 2.0, 2.0]
+    history = [{"first": 0, "members": [], "nodes": [], "reason": "start", "predicted_s": 0.5},
+               {"first": 3, "members": [], "nodes": [], "reason": "h33 lost", "predicted_s": 1.0}]
+    point = {"size_bytes": 100, "predicted": {"seconds": 1.0}, "history": history,
+             "fault_events": [{"applied": 20.5, "undone": 20.8}]}
+    measured = measured_point(point, records, gst, 0, 2)
+    assert measured["faulted_iterations"] == [2]
+    # iterations 0, 1 against 1.0; 3, 4, 5 against 1.0 × 1.0/0.5 = 2.0
+    assert measured["ratio"] == pytest.approx((1 + 1 + 2 + 2 + 2) / (1 + 1 + 2 + 2 + 2))
+    point["history"] = history[:1]  # nobody lost: the point's own prediction throughout
+    assert measured_point(point, records, gst, 0, 2)["ratio"] == pytest.approx(8.0 / 5)
