@@ -101,3 +101,28 @@ def test_jitter_spreads_the_delay_around_what_was_asked(make_lab, figure):
     # half catches jitter that was not applied, double one applied at the wrong scale; the
     # emulated CPU's own noise widens the spread a little
     assert 0.5 * expected_iqr <= q3 - q1 <= 2 * expected_iqr, f"RTT IQR {q3 - q1:.2f} ms, netem should give ≈{expected_iqr:.2f} ms"
+
+
+def test_a_degrade_fault_adds_netem_delay_and_its_undo_takes_it_away(make_lab, figure):
+    """link-degrade --delay on a lab without netem: the link's FIFO becomes netem (the kernel
+    cannot change a qdisc's kind in place), and the undo puts the FIFO back."""
+    from orchestrator.faults import Injector
+
+    delay_ms, count = 30.0, 50
+    lab = make_lab("star,2", name="vmdegrade", **{"servers.runtime": "netns"})
+    address = str(lab.topology.address_of("h1"))
+    injector = Injector(lab)
+    fault = injector.inject("link-degrade", "h0-sw", {"delay": f"{delay_ms:g}ms"}).fault
+    assert_netem(lab, "h0", "h0-eth0", f"limit 1000 delay {delay_ms:g}ms")
+    assert_netem(lab, "sw", "sw-eth0", f"limit 1000 delay {delay_ms:g}ms")
+    degraded, _ = ping(lab, "h0", address, count, 0.02)
+    injector.undo(fault.id)
+    shown = lab.exec("h0", ["tc", "qdisc", "show", "dev", "h0-eth0"]).stdout
+    assert "netem" not in shown and "qdisc pfifo 2: parent 1:1 limit 1000p" in shown, shown
+    healed, _ = ping(lab, "h0", address, count, 0.02)
+    figure("degrade_rtt_ms", {"asked_added": 2 * delay_ms, "degraded_median": statistics.median(degraded),
+                              "healed_median": statistics.median(healed)})
+    # one link, both ends delayed: each round trip crosses two of its netems
+    assert min(degraded) >= 2 * delay_ms
+    assert statistics.median(degraded) <= 2 * delay_ms + EMULATION_SLACK_MS
+    assert statistics.median(healed) < delay_ms, healed
