@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from orchestrator.collectives.algorithms.hips import Coords, level_coords, stage_groups, topology_ranks, with_coord
+from orchestrator.collectives.algorithms.levels import Coords, level_coords, stage_groups, topology_ranks, with_coord
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 

@@ -32,7 +32,7 @@ a power of two. One NIC per server, so `nic` stays None.
 
 from __future__ import annotations
 
-from orchestrator.collectives.algorithms.hips import topology_ranks
+from orchestrator.collectives.algorithms.levels import topology_ranks
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 from orchestrator.topology import Topology

@@ -34,59 +34,11 @@ halves: 2(2^h−1)/(h·2^h)·w.
 
 from __future__ import annotations
 
+from orchestrator.collectives.algorithms import bml
+from orchestrator.collectives.algorithms.levels import level_coords, stage_groups, topology_ranks
 from orchestrator.collectives.algorithms.mesh import mesh_steps
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
-from orchestrator.topology import Topology
-
-Coords = tuple[int, ...]  # indexed by level (BCube) or dimension (torus)
-
-
-def topology_ranks(ctx: Context, algorithm: str, kinds: tuple[str, ...]) -> tuple[Topology, dict[str, int]]:
-    """The context's topology and server name → rank, after checking they fit `algorithm`:
-    a topology of one of `kinds`, one rank per server, `ctx.nodes` naming each server once."""
-    topology = ctx.topology
-    if topology is None:
-        raise ValueError(f"{algorithm} needs a {' or '.join(kinds)} topology, and the context has none")
-    if topology.kind not in kinds:
-        raise ValueError(f"{algorithm} runs on {' or '.join(kinds)} only, not on {topology.kind}")
-    servers = [s.name for s in topology.servers]
-    if ctx.workers != len(servers):
-        raise ValueError(
-            f"{algorithm} needs one worker per server: {len(servers)} servers, {ctx.workers} workers"
-        )
-    names = list(ctx.nodes) if ctx.nodes else servers
-    if len(names) != len(servers) or set(names) != set(servers):
-        raise ValueError(f"{algorithm}: ctx.nodes must name each of the {len(servers)} servers exactly once")
-    return topology, {name: rank for rank, name in enumerate(names)}
-
-
-def level_coords(topology: Topology, ranks: dict[str, int]) -> tuple[list[Coords], int, int]:
-    """(coords per rank indexed by level/dimension, base, h) of a BCube or torus."""
-    coords: list[Coords] = [()] * len(ranks)
-    for server in topology.servers:
-        if topology.kind == "bcube":
-            digits = server.attrs["digits"]  # most significant first: reverse to index by level
-            coords[ranks[server.name]] = tuple(reversed(digits))
-        else:
-            coords[ranks[server.name]] = tuple(server.attrs["coords"])
-    if topology.kind == "bcube":
-        return coords, topology.facts["n"], topology.facts["levels"]
-    return coords, topology.facts["k"], topology.facts["d"]
-
-
-def with_coord(c: Coords, level: int, value: int) -> Coords:
-    return c[:level] + (value,) + c[level + 1 :]
-
-
-def stage_groups(coords: list[Coords], base: int, level: int) -> list[list[int]]:
-    """Ranks that share every coordinate but `level`, each group ordered by that coordinate
-    (switch port order in BCube, + ring order in a torus)."""
-    index = {c: r for r, c in enumerate(coords)}
-    return [
-        [index[with_coord(c, level, v)] for v in range(base)] for c in coords if c[level] == 0
-    ]
-
 
 def _ring_steps(
     group: list[int], offset: int, length: int, direction: int, nic: int
@@ -117,8 +69,6 @@ def _without(ctx: Context, size: int, offset: int, length: int, torus: bool) -> 
     scheme here: its rings cannot lose a node."""
     if torus:
         raise ValueError("hips on a torus cannot go on without a server (its rings need every node)")
-    from orchestrator.collectives.algorithms import bml  # bml builds on this module's helpers
-
     schedule = bml.build(ctx, size, offset, length)
     schedule.algorithm = "hips"
     schedule.meta["as"] = "bml with failed servers"
