@@ -7,10 +7,11 @@ with the current parameters. Polls must not block, so deploying happens in a thr
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 
-from orchestrator.errors import TestbedError
 from orchestrator.faults import Injector
 from orchestrator.runner.driver import Endpoint
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 LOOK_EVERY_S = 1.0  # how often the fault journal is read (a poll comes every ~0.1 s)
 RETRY_AFTER_S = 10.0  # a deploy that failed is tried again after this
+DEPLOY_TIMEOUT_S = 180.0
 
 
 def held_nodes(injector: Injector) -> set[str]:
@@ -61,12 +63,20 @@ class Rejoiner:
             return [e for n, e in self.ready.items() if n in dead]
 
     def _deploy(self, node: str) -> None:
-        from orchestrator.deploy import deploy
+        """`testbed deploy` in a process of its own: Ansible forks, and a fork of this process
+        while its gRPC threads are busy with the run crashes before it execs (the playbook
+        then ends "failed (rc None)", killed by a signal, every time under a 16-agent run)."""
+        from orchestrator.deploy.agents import endpoints
 
+        command = [sys.executable, "-m", "orchestrator.cli", "deploy", self.lab.name, "--servers", node,
+                   "--via", self.via]
         try:
-            endpoints = deploy(self.lab, [node], via=self.via).endpoints
-        except (TestbedError, OSError) as exc:
-            log.warning("%s is back but its agents did not deploy: %s (tried again in %.0f s)", node, exc,
+            done = subprocess.run(command, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
+            failure = None if done.returncode == 0 else (done.stderr.strip() or done.stdout.strip())[-300:]
+        except subprocess.TimeoutExpired:
+            failure = f"no answer in {DEPLOY_TIMEOUT_S:.0f} s"
+        if failure is not None:
+            log.warning("%s is back but its agents did not deploy: %s (tried again in %.0f s)", node, failure,
                         RETRY_AFTER_S)
             with self.lock:
                 self.deploying.discard(node)
@@ -74,7 +84,7 @@ class Rejoiner:
             return
         with self.lock:
             self.deploying.discard(node)
-            self.ready.update({e.node: e for e in endpoints})
+            self.ready.update({e.node: e for e in endpoints(self.lab, [node])})
 
     def close(self, timeout: float = 60.0) -> None:
         """Wait for deploys still going (they end within deploy's own timeout)."""

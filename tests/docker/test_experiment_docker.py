@@ -80,3 +80,39 @@ def test_a_docker_experiment_writes_every_file(tmp_path, images_built):
 
     again = subprocess.run(TESTBED + ["report", str(out)], capture_output=True, text=True, env=ENV, timeout=120)
     assert again.returncode == 0 and (out / "summary.md").read_text() == summary, again.stderr
+
+
+CRASH = """
+name: ex-crash
+lab: {name: ex-crash, topology: {kind: bcube, n: 2, k: 1}, links: {bandwidth: 100Mbit}, servers: {runtime: docker}}
+agents: {via: nsenter, algorithms: [ring], workload: {kind: model, model: vgg19, scale: 0.01, compute: 50ms}}
+iterations: 40
+warmup: 1
+faults:
+  events:
+    - {action: server-crash, target: h01, at_iteration: 5, for: 3s}
+monitoring: false
+"""
+
+
+def test_a_crashed_container_rejoins_the_run_it_was_dropped_from(tmp_path, images_built):
+    """docker kill mid-run: the survivors go on, the container restarts 3 s later, its agent
+    is deployed again (a process of its own: experiment/rejoin.py) and rejoins at an
+    iteration boundary; nothing lost or counted twice."""
+    experiment = tmp_path / "crash.yaml"
+    experiment.write_text(CRASH)
+    out = tmp_path / "out"
+    try:
+        done = subprocess.run(TESTBED + ["run", str(experiment), "--out", str(out)], capture_output=True, text=True,
+                              env=ENV, timeout=900)
+    finally:
+        cleanup.clean_lab("ex-crash")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "did not deploy" not in done.stderr + done.stdout, done.stderr[-2000:]
+    [point] = json.loads((out / "results.json").read_text())["points"]
+    reasons = [epoch["reason"] for epoch in point["history"]]
+    assert point["status"] == "done" and len(reasons) == 3, point["history"]
+    assert reasons[1].startswith("h01 lost") and reasons[2] == "h01 rejoined", reasons
+    assert point["checker"]["clean"] is True and point["checker"]["lost"] == 0, point["checker"]
+    h01 = sorted(r["iteration"] for r in point["records"] if r["node"] == "h01")
+    assert h01[-1] == 39 and point["history"][2]["first"] in h01
