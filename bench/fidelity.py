@@ -99,7 +99,8 @@ def measure(lab, endpoints: list, network: Network, case: Case, elements: int, i
     ctx = Context(len(workers), lab.topology, tuple(e.node for e in eps), case.options)
     before = cpu_counters()
     result = driver.run(eps, case.algorithm, [elements], workloads.back_to_back([elements]),
-                        iterations=warmup + iterations, ctx=ctx, network=network, pace=pace)
+                        iterations=warmup + iterations, ctx=ctx, network=network, pace=pace,
+                        flow_paths=lab_agents.flow_paths(lab))
     after = cpu_counters()
     measured = statistics.fmean(result.back_to_back_times(warmup))
     predicted = result.predicted.seconds

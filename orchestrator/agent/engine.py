@@ -73,6 +73,9 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
     0.93-0.945 × link over eight interleaved runs each (scratch); 256 KiB and 4 MiB frames
     did no better than 16 KiB, and memory did not change."""
     options = [
+        # a run's own connections: gRPC would hand a new channel the still-open connection of
+        # the last run's (its pacing rate set, its path hashed before the driver looked)
+        ("grpc.use_local_subchannel_pool", 1),
         ("grpc.max_receive_message_length", 64 * 2**20),
         ("grpc.max_send_message_length", 64 * 2**20),
         ("grpc.http2.max_frame_size", MAX_FRAME_BYTES),
@@ -156,6 +159,17 @@ class Engine:
         # monotonic time this rank last moved data inside an allreduce (None outside one):
         # the driver's stall detection reads it through Status
         self.progressed_at: float | None = None
+
+    def replan(self, plans: list[PartitionPlan], link_rate: float) -> None:
+        """New shares for the same transfers, before the first iteration (a plan whose
+        transfers differ would not match the peers')."""
+        if self.iteration >= 0:
+            raise RuntimeError("a plan can change only before the first iteration")
+        if [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in plans] != \
+                [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in self.plans]:
+            raise ValueError("the new plan's transfers differ from the configured ones")
+        self.plans = plans
+        self.pacer = Pacer(link_rate)
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:

@@ -96,6 +96,8 @@ class Agent:
             config.chunk_bytes or plan_format.CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json),
         )
+        # connected before Start: the orchestrator may read the connections' paths in between
+        await self.engine.connect()
         self.watched = time.monotonic()
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", config.first_iteration
@@ -106,11 +108,13 @@ class Agent:
         self.metrics.gradient.set(buffer.nbytes)
         self.metrics.workers.set(config.workers)
 
-    def start(self, run_id: str, start_at: float = 0.0) -> None:
+    def start(self, run_id: str, start_at: float = 0.0, plan_json: str = "") -> None:
         if self.config is None or self.config.run_id != run_id:
             raise RuntimeError(f"run {run_id!r} is not the configured one")
         if self.state != "configured":
             raise RuntimeError(f"cannot start from state {self.state}")
+        if plan_json:
+            self.engine.replan(plan_format.parse(plan_json), plan_format.link_rate(plan_json))
         self.state, self.watched = "running", time.monotonic()
         self.ended.clear()
         self.task = asyncio.create_task(self._run(start_at))
@@ -285,7 +289,7 @@ class ControlService(pb_grpc.ControlServicer):
 
     async def Start(self, request, context):  # noqa: N802
         try:
-            self.agent.start(request.run_id, request.start_at)
+            self.agent.start(request.run_id, request.start_at, request.plan_json)
             return pb.Ack(ok=True)
         except Exception as exc:  # noqa: BLE001
             return pb.Ack(ok=False, error=str(exc))

@@ -462,6 +462,15 @@ class Netlink:
         except KeyError:
             raise EmulationError(f"no interface {ifname} in namespace {ns or 'root'}") from None
 
+    def name(self, ns: str | None, index: int) -> str:
+        """Interface name by index (one dump per namespace)."""
+        if ns not in self._dumped:
+            self.refresh(ns)
+        for (space, ifname), known in self._indexes.items():
+            if space == ns and known == index:
+                return ifname
+        raise EmulationError(f"no interface with index {index} in namespace {ns or 'root'}")
+
     def cached_index(self, ns: str | None, ifname: str) -> int | None:
         """The index of an interface if this Netlink already knows it (no request)."""
         return self._indexes.get((ns, ifname))
@@ -1032,3 +1041,71 @@ def root_networks_on() -> list[tuple[ipaddress.IPv4Network, str]]:
             except pyroute2().NetlinkError:  # gone meanwhile
                 names[index] = ""
     return [(network, names.get(index, "") if index else "") for network, index in found]
+
+
+# -- where a connection goes: its sockets and the routers' ECMP choices -----------------------
+TCP_ESTABLISHED = "01"
+
+
+def tcp_connections(port: int) -> list[tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address, int]]:
+    """(local address, local port, remote address, remote port) of every established TCP
+    connection to remote `port` in the calling thread's namespace (use inside
+    `in_namespaces`), from /proc (IPv4, and IPv4-mapped IPv6 sockets)."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            found += parse_tcp_table(Path(f"/proc/thread-self/net/{table}").read_text(), port)
+        except OSError:
+            continue
+    return found
+
+
+_V4_MAPPED = "0000000000000000FFFF0000"  # ::ffff:0:0/96 as /proc/net/tcp6 writes it
+
+
+def parse_tcp_table(text: str, port: int) -> list[tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address, int]]:
+    """The established connections to remote `port` in a /proc/net/tcp or tcp6 table (IPv4
+    and IPv4-mapped addresses; addresses are little-endian 32-bit words, ports big-endian hex)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != TCP_ESTABLISHED:
+            continue
+        (local, lport), (remote, rport) = (f.split(":") for f in fields[1:3])
+        if int(rport, 16) != port:
+            continue
+        if len(local) == 32:
+            if not (local.startswith(_V4_MAPPED) and remote.startswith(_V4_MAPPED)):
+                continue
+            local, remote = local[24:], remote[24:]
+        found.append((ipaddress.IPv4Address(bytes.fromhex(local)[::-1]), int(lport, 16),
+                      ipaddress.IPv4Address(bytes.fromhex(remote)[::-1]), int(rport, 16)))
+    return found
+
+
+RTM_GETROUTE, RTA_SRC, RTA_IIF, RTA_IP_PROTO, RTA_SPORT, RTA_DPORT = 26, 2, 3, 27, 28, 29
+ROUTE_FACTS = frozenset({RTA_OIF, RTA_GATEWAY})
+
+
+def route_get_message(dst: ipaddress.IPv4Address, src: ipaddress.IPv4Address, iif: int | None, sport: int,
+                      dport: int) -> bytes:
+    """RTM_GETROUTE of one TCP flow, as `ip route get DST from SRC [iif DEV] ipproto tcp sport
+    S dport D` asks it: the kernel hashes the flow's 5-tuple onto one of a multipath route's
+    next hops exactly as it does for the flow's packets (fib_multipath_hash_policy 1)."""
+    body = struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, 0)
+    body += _attr(RTA_DST, dst.packed) + _attr(RTA_SRC, src.packed)
+    if iif is not None:
+        body += _attr(RTA_IIF, struct.pack("=i", iif))
+    body += (_attr(RTA_IP_PROTO, bytes([socket.IPPROTO_TCP])) + _attr(RTA_SPORT, struct.pack("!H", sport))
+             + _attr(RTA_DPORT, struct.pack("!H", dport)))
+    return _message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_ACK, body)
+
+
+def route_get(nl: Netlink, ns: str | None, dst: ipaddress.IPv4Address, src: ipaddress.IPv4Address,
+              iif: int | None, sport: int, dport: int) -> tuple[int, ipaddress.IPv4Address | None]:
+    """(output interface index, gateway or None when on-link) the namespace's routing picks
+    for one TCP flow arriving on interface `iif` (None: sent from this namespace)."""
+    [reply] = nl.dump(ns, route_get_message(dst, src, iif, sport, dport), f"route to {dst} in {ns or 'root'}")
+    attrs = attributes(reply, 28, ROUTE_FACTS)  # after nlmsghdr + rtmsg
+    gateway = attrs.get(RTA_GATEWAY)
+    return struct.unpack("=i", attrs[RTA_OIF])[0], ipaddress.IPv4Address(gateway) if gateway else None

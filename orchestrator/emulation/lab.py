@@ -241,6 +241,37 @@ class Lab:
             return all(kernel.links_in(nl, self.namespace(end.node)).get(end.interface, {}).get("up", False)
                        for link in links for end in (link.a, link.b))
 
+    def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
+        """{(server, remote address): node path} of every established TCP connection from a
+        server to `port`, as the lab forwards it now: each hop asked, with the connection's
+        5-tuple, which next hop its routing (ECMP hashing included) takes. What the cost model
+        needs to predict a run over hashed paths instead of an even spread (cost/routes.py)."""
+        servers = {self.plan.namespaces[s.name]: s.name for s in self.topology.servers}
+        found = kernel.in_namespaces(servers, lambda _: kernel.tcp_connections(port))
+        paths = {}
+        with kernel.Netlink() as nl:
+            for ns, connections in found.items():
+                for local, sport, remote, dport in connections:
+                    paths[(servers[ns], remote)] = self._flow_path(nl, servers[ns], local, sport, remote, dport)
+        return paths
+
+    def _flow_path(self, nl: kernel.Netlink, server: str, src: ipaddress.IPv4Address, sport: int,
+                   dst: ipaddress.IPv4Address, dport: int) -> list[str]:
+        topology, node, iif, path = self.topology, server, None, [server]
+        owner = topology.owner(dst)
+        if owner is None:
+            raise EmulationError(f"{server} has a connection to {dst}, which no node of lab {self.name} holds")
+        while node != owner.node:
+            if len(path) > 4 * len(topology.nodes):
+                raise EmulationError(f"the path from {server} to {dst} loops: {path[:12]}")
+            ns = self.plan.namespaces[node]
+            oif, gateway = kernel.route_get(nl, ns, dst, src, iif, sport, dport)
+            path += topology.hop(node, nl.name(ns, oif), gateway or dst)
+            entry = topology.owner(gateway or dst)
+            node = entry.node
+            iif = nl.index(self.plan.namespaces[node], entry.interface)
+        return path
+
     def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
         """Take links down or up (both ends, like a cut cable) and make the network react:
         every node whose routes stop working gets routes around the dead links (a router

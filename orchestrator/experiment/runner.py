@@ -33,7 +33,7 @@ from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
-from orchestrator.runner import checker, driver
+from orchestrator.runner import checker, driver, lab_agents
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down
@@ -226,7 +226,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                 partition_bytes=point.partitioning.partition_bytes,
                                 credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                 network=Network.from_links(lab.spec.links), link_state=lab.link_up,
-                                survive=bool(faults), rejoin=rejoiner)
+                                flow_paths=lab_agents.flow_paths(lab), survive=bool(faults), rejoin=rejoiner)
     except driver.RunError as exc:
         entry["status"], entry["error"] = "failed", str(exc)
     except BaseException as exc:

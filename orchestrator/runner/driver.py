@@ -216,6 +216,7 @@ def run(
     pace: bool = True,
     stall_timeout: float | None = None,
     link_state: Callable[[str, str], bool | None] | None = None,
+    flow_paths: Callable[[], dict] | None = None,
     survive: bool = False,
     rejoin: Callable[[set[str]], list[Endpoint]] | None = None,
 ) -> RunResult:
@@ -227,6 +228,9 @@ def run(
     `plan.chunk_bytes`). `network`: the lab's links (`cost.Network.from_links(spec.links)`);
     with it and `ctx.topology` the result carries the cost model's prediction, and (unless
     `pace` is False) every connection is paced at its fair share of the link (cost.shares).
+    On a lab with ECMP, `flow_paths()` (`lab.connection_paths` of the agents' data port)
+    gives the paths the run's connections hashed onto once they are open: the prediction and
+    the shares then follow those paths instead of an even spread (cost/routes.py says why).
 
     Failure detection: the run fails as soon as no rank has moved data for `stall_timeout`
     seconds (default: `default_stall_timeout`), naming the stalled ranks, the peers they wait
@@ -249,7 +253,8 @@ def run(
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
-    how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state)
+    how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
+               flow_paths)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -269,6 +274,7 @@ class _How:
     pace: bool
     stall_timeout: float | None
     link_state: Callable[[str, str], bool | None] | None
+    flow_paths: Callable[[], dict] | None
 
 
 @dataclass
@@ -304,12 +310,11 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     network = how.network
     predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
     span.predicted = predicted
-    if predicted is not None and how.pace and in_lab:
-        # in a lab, each connection paced at its fair share (agent/pacing.py says why)
-        plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
-    else:
-        plans = build_rank_plans(schedules, ranks)
-    stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
+    paced = predicted is not None and how.pace and in_lab
+    # in a lab, each connection paced at its fair share (agent/pacing.py says why)
+    plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate) if paced \
+        else build_rank_plans(schedules, ranks)
+    hashed = predicted is not None and in_lab and how.flow_paths is not None and ctx.topology.has_ecmp
     path_of = _path_finder(ctx) if in_lab else None
     run_id = uuid.uuid4().hex[:12]
     peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data, by_nic=e.by_nic) for e in endpoints]
@@ -336,12 +341,24 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
 
     with _control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
         _stop_stale(endpoints, stubs, pool)
-        list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))
+        list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))  # agents connect
         started = time.monotonic()
+        repaced = None
+        if hashed:  # the connections are open: predict (and pace) over the paths they took
+            routes = Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths), ctx.topology))
+            predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, routes)
+            span.predicted = predicted
+            if paced:
+                repaced = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.ip_rate)
+        stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
         # all ranks enter the first iteration together, once every Start has arrived
         start_at = time.time() + START_MARGIN_SECONDS
-        replies = pool.map(lambda e: stubs[e.control].Start(pb.StartRequest(run_id=run_id, start_at=start_at), timeout=30),
-                           endpoints)
+
+        def start(e: Endpoint) -> pb.Ack:
+            plan = repaced[e.rank] if repaced else ""
+            return stubs[e.control].Start(pb.StartRequest(run_id=run_id, start_at=start_at, plan_json=plan), timeout=30)
+
+        replies = pool.map(start, endpoints)
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
@@ -571,18 +588,33 @@ def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = Non
 
 
 def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | None, chunk_bytes: int,
-                credit_bytes: int) -> tuple[Prediction | None, Routes | None]:
+                credit_bytes: int, routes: Routes | None = None) -> tuple[Prediction | None, Routes | None]:
     """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
     servers; more with many partitions), rank r on `nodes[r]`, and the routes it mapped the
     transfers onto (the fair shares the agents pace at use them again)."""
     if network is None or ctx.topology is None or not schedules:
         return None, None
     try:
-        routes = Routes(ctx.topology)
+        routes = routes or Routes(ctx.topology)
         return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes,
                                  routes=routes), routes
     except ValueError as exc:  # more ranks than the topology has servers
         raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
+
+
+def _flow_paths(read: Callable[[], dict]) -> dict:
+    """The lab's connection paths, or none (an even spread) if the lab cannot say."""
+    try:
+        return read()
+    except (TestbedError, OSError) as exc:
+        log.warning("the run's connection paths could not be read (%s): predicting an even ECMP spread", exc)
+        return {}
+
+
+def _pinned(paths: dict, topology) -> dict:
+    """The lab's connection paths that the model can follow: paths between servers of the
+    topology (an agent of another lab, or a stray connection, is left out)."""
+    return {key: path for key, path in paths.items() if all(node in topology.nodes for node in path)}
 
 
 START_MARGIN_SECONDS = 1.0  # for every agent to get its Start call and open its connections

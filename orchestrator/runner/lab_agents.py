@@ -9,6 +9,7 @@ orchestrator/deploy/agents.py and is re-exported here.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from orchestrator.deploy.agents import (
     CONTROL_PORT,
@@ -23,8 +24,8 @@ from orchestrator.deploy.agents import (
 )
 from orchestrator.runner.driver import Endpoint, shutdown
 
-__all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "agent_token", "endpoints", "flow_window",
-           "lab_secret", "nic_addresses", "start", "stop"]
+__all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "agent_token", "endpoints", "flow_paths",
+           "flow_window", "lab_secret", "nic_addresses", "start", "stop"]
 
 def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter") -> list[Endpoint]:
     """Deploy an agent on each server (default: all) and wait until all answer; their
@@ -32,6 +33,11 @@ def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = 
     from orchestrator.deploy import deploy
 
     return deploy(lab, servers, roles, via=via).endpoints
+
+
+def flow_paths(lab) -> Callable[[], dict]:
+    """What driver.run's `flow_paths` reads: the paths the agents' data connections took."""
+    return lambda: lab.connection_paths(DATA_PORT)
 
 
 def stop(eps: list[Endpoint]) -> None:

@@ -9,6 +9,8 @@ packet would, so a test can prove that every pair is reachable without loops.
 
 from __future__ import annotations
 
+import functools
+
 import ipaddress
 from collections import deque
 from dataclasses import dataclass, field
@@ -228,6 +230,19 @@ class Topology:
                 crossed = [(name, "l2") for name in segment[:-1]] + [(nxt, "l3")]
                 stack.append((nxt, path + crossed))
         return results
+
+    def hop(self, node: str, dev: str, gateway: ipaddress.IPv4Address) -> list[str]:
+        """The nodes a packet crosses from `node`, leaving by `dev`, to the owner of
+        `gateway`: bridges of the segment, then the owner (RoutingError if not on it)."""
+        segment = self._l2_path(Endpoint(node, dev), ipaddress.IPv4Address(gateway))
+        if segment is None:
+            raise RoutingError(f"{node} sends via {gateway} on {dev}, which is not reachable on that segment")
+        return segment
+
+    @functools.cached_property
+    def has_ecmp(self) -> bool:
+        """Whether some node spreads a destination over several next hops."""
+        return any(route.is_ecmp for name in self.nodes for route in self.routes_of(name))
 
     def _is_local(self, node: str, target: ipaddress.IPv4Address) -> bool:
         owner = self.owner(target)

@@ -1,0 +1,67 @@
+"""On fattree,4 the prediction beside a run follows the paths its connections were hashed
+onto: `Lab.connection_paths` reads them off the live routers (each hop asked with the
+connection's 5-tuple) and the driver predicts over them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from orchestrator.collectives.context import Context
+from orchestrator.cost import Network
+from orchestrator.runner import driver, lab_agents, workloads
+
+ELEMENTS = 250_000  # 1 MB
+
+
+def test_a_mesh_is_predicted_over_the_paths_its_connections_took(make_lab):
+    lab = make_lab("fattree,4", name="paths", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    topology = lab.topology
+    read = lab_agents.flow_paths(lab)
+    seen: dict = {}
+
+    def recorded() -> dict:
+        seen.update(read())
+        return seen
+
+    endpoints = lab_agents.start(lab, via="exec")
+    try:
+        ctx = Context(len(endpoints), topology, tuple(e.node for e in endpoints))
+        result = driver.run(endpoints, "mesh", [ELEMENTS], workloads.emulated([ELEMENTS]), iterations=2, ctx=ctx,
+                            network=Network.from_links(lab.spec.links), flow_paths=recorded)
+        assert all(r["verified"] for r in result.records())
+        # one connection from every server to every other, each on one of its ECMP branches
+        servers = [s.name for s in topology.servers]
+        assert {(src, topology.address_of(dst)) for src in servers for dst in servers if src != dst} == set(seen)
+        for (src, address), path in seen.items():
+            assert path in topology.paths(src, address), (src, address, path)
+        # the routers' own answer, by iproute2, agrees at every edge switch crossed upwards
+        checked = 0
+        for (src, address), path in seen.items():
+            if len(path) < 5 or checked == 30:
+                continue  # same edge switch: no choice to check
+            [sport] = [port for _, port, remote, _ in _connections(lab, src) if remote == address]
+            answer = subprocess.run(
+                ["ip", "-j", "-n", lab.plan.namespaces[path[1]], "route", "get", str(address), "from",
+                 str(topology.address_of(src)), "iif", "br0", "ipproto", "tcp", "sport", str(sport), "dport",
+                 str(lab_agents.DATA_PORT)], capture_output=True, text=True, check=True)
+            assert topology.owner(json.loads(answer.stdout)[0]["gateway"]).node == path[2]
+            checked += 1
+        assert checked == 30
+    finally:
+        lab_agents.stop(endpoints)
+    # predicted over exactly those paths: each connection carries its two mesh transfers of
+    # S/16 (62,500 B) along its own path, and nothing else crosses a link
+    per_connection = 2 * ELEMENTS // 16 * 4
+    expected: dict[str, int] = {}
+    for path in seen.values():
+        for a, b in zip(path, path[1:]):
+            expected[f"{a}→{b}"] = expected.get(f"{a}→{b}", 0) + per_connection
+    assert result.predicted.link_bytes == expected
+
+
+def _connections(lab, server: str):
+    from orchestrator.emulation import kernel
+
+    space = lab.plan.namespaces[server]
+    return kernel.in_namespaces([space], lambda _: kernel.tcp_connections(lab_agents.DATA_PORT))[space]
