@@ -23,10 +23,15 @@ import socket
 import stat
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
-UNPACED = 2**64 - 1  # the kernel's "no limit" (~0UL)
-# Pace a little above the share: a connection that fell behind (a late peer, a busy CPU)
-# may catch up, and the link, not the pacer, stays the bound.
-SLACK = 1.02
+UNPACED = 2**64 - 1  # the kernel's "no limit" (~0UL): a socket's own until it is paced
+# A hair under the share. TCP paces payload bytes (a write-queue segment's length, headers
+# left out: a socket paced at 10 MB/s delivered 10.1 MB/s of payload), so the rate given is
+# the link's payload rate (cost.Network.payload_rate) × share × SLACK. Pacing at 1.02 × the
+# IP rate, as this did, sent 5.7 % more than the link carries: the bottleneck queues never
+# drained (RTTs of 0.2-0.7 s on bcube,4,1 at 100 Mbit), and every new connection then spent
+# seconds in slow start (a colocated PS's first iterations took 2 × the model's time). A
+# hair under lets a queue that did build up (a burst, two steps that overlap) drain.
+SLACK = 0.99
 
 
 def _peer_of(fd: int) -> tuple | None:
@@ -70,7 +75,8 @@ def _set(fd: int, rate: int) -> None:
 class Pacer:
     """Pacing rates of this agent's outgoing connections, one per peer address.
 
-    `link_rate`: bytes per second at the IP level that one link carries (0: do not pace)."""
+    `link_rate`: payload bytes per second that one link carries (0: do not pace). Every
+    connection is paced, a lone one at SLACK × the link: unpaced, TCP fills the link's queue."""
 
     def __init__(self, link_rate: float) -> None:
         self.link_rate = link_rate
@@ -90,7 +96,7 @@ class Pacer:
     def _apply(self, target: str) -> None:
         shares = self.active[target].values()
         total = sum(shares)
-        rate = UNPACED if max(shares) >= 1 or total * SLACK >= 1 else int(total * SLACK * self.link_rate)
+        rate = int(min(1.0, total) * SLACK * self.link_rate)
         host, port = target.rsplit(":", 1)
         fd = self.fds.get(target)
         if fd is None or _peer_of(fd) != (host, int(port)):  # checked every time: gRPC may reconnect

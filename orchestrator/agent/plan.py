@@ -89,7 +89,7 @@ def build_rank_plans(schedules, ranks: int, shares: dict | None = None, link_rat
     """JSON plans for ranks 0..ranks-1 from [(Partition, Schedule)] in priority order.
 
     `shares`: {(partition index, step, Transfer): share of the link} for transfers to pace
-    (cost.shares), `link_rate` the IP-level bytes per second of one link; a send with a
+    (cost.shares), `link_rate` the payload bytes per second of one link; a send with a
     share under 1 carries it as a sixth field."""
     shares = shares or {}
     plans: list[list[dict]] = [[] for _ in range(ranks)]
@@ -126,5 +126,5 @@ def parse(text: str) -> list[PartitionPlan]:
 
 
 def link_rate(text: str) -> float:
-    """The IP-level bytes per second of one link a plan paces against (0: no pacing)."""
+    """The payload bytes per second of one link a plan paces against (0: no pacing)."""
     return float(json.loads(text).get("link_bytes_per_second", 0.0))

@@ -48,12 +48,6 @@ class Network:
         """Payload bytes per second of one link direction."""
         return self.bandwidth / 8 * self.efficiency
 
-    @property
-    def ip_rate(self) -> float:
-        """IP-level bytes per second of one link direction (what a socket's pacing rate
-        counts: the MTU-sized packet without its Ethernet header)."""
-        return self.bandwidth / 8 * self.mtu / (self.mtu + ETHERNET_HEADER)
-
     @classmethod
     def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0) -> "Network":
         """From a lab's `links` (anything with bandwidth in bits/s, delay in seconds, mtu):

@@ -531,7 +531,8 @@ IFF_UP = 0x1
 IFLA_IFNAME, IFLA_LINKINFO, IFLA_INFO_KIND, IFLA_INFO_SLAVE_DATA, IFLA_BRPORT_ISOLATED = 3, 18, 1, 5, 33
 IFLA_NET_NS_PID = 19
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTA_MULTIPATH, RTAX_CC_ALGO = 1, 4, 5, 7, 8, 9, 16
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTA_MULTIPATH = 1, 4, 5, 7, 8, 9
+RTAX_INITCWND, RTAX_INITRWND, RTAX_CC_ALGO = 11, 14, 16
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST = 254, 4, 1
 NDA_DST, NDA_LLADDR = 1, 2
 
@@ -581,11 +582,37 @@ def address_message(index: int, address: ipaddress.IPv4Interface) -> bytes:
     return _message(RTM_NEWADDR, CREATE, body)
 
 
+@dataclass(frozen=True)
+class RouteMetrics:
+    """What a route tells the TCP connections over it: their congestion control, and their
+    initial congestion and receive windows (in segments; both `initcwnd`)."""
+
+    congestion: str | None = None
+    initcwnd: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.congestion or self.initcwnd)
+
+    def encode(self) -> bytes:
+        """RTA_METRICS' nested attributes, in pyroute2's order (its NLA map's)."""
+        nested = b""
+        if self.initcwnd:
+            nested += _attr(RTAX_INITCWND, struct.pack("=I", self.initcwnd))
+            nested += _attr(RTAX_INITRWND, struct.pack("=I", self.initcwnd))
+        if self.congestion:
+            nested += _attr(RTAX_CC_ALGO, self.congestion.encode() + b"\0")
+        return _attr(RTA_METRICS, nested)
+
+    def __str__(self) -> str:
+        return " ".join(filter(None, (self.congestion and f"congctl {self.congestion}",
+                                      self.initcwnd and f"initcwnd {self.initcwnd}")))
+
+
 def route_message(
     prefix: ipaddress.IPv4Network,
     hops: Sequence[tuple[int, ipaddress.IPv4Address | None]],
     replace: bool = False,
-    congestion: str | None = None,
+    metrics: RouteMetrics | None = None,
     source: ipaddress.IPv4Address | None = None,
     scope: int = 0,
     protocol: int = RTPROT_STATIC,
@@ -608,8 +635,8 @@ def route_message(
         body += _attr(RTA_MULTIPATH, nexthops)
     if source is not None:
         body += _attr(RTA_PREFSRC, source.packed)
-    if congestion:
-        body += _attr(RTA_METRICS, _attr(RTAX_CC_ALGO, congestion.encode() + b"\0"))
+    if metrics:
+        body += metrics.encode()
     return _message(RTM_NEWROUTE, REPLACE if replace else CREATE, body)
 
 
@@ -761,22 +788,23 @@ def add_neighbour(nl: Netlink, ns: str | None, ifname: str, address: ipaddress.I
 
 
 def add_address(
-    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, congestion: str | None = None
+    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, metrics: RouteMetrics | None = None
 ) -> None:
     nl.request(ns, address_message(nl.index(ns, ifname), address), f"address {address} on {ifname}")
-    if congestion:
-        set_connected_congestion(nl, ns, ifname, address, congestion)
+    if metrics:
+        set_connected_metrics(nl, ns, ifname, address, metrics)
 
 
-def set_connected_congestion(
-    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, congestion: str
+def set_connected_metrics(
+    nl: Netlink, ns: str | None, ifname: str, address: ipaddress.IPv4Interface, metrics: RouteMetrics
 ) -> None:
-    """(Re)write the route the kernel makes for `address`'s subnet with a TCP congestion
-    control: a route's `congctl` chooses it for connections over that route. A namespace's
-    own default can only be one its kernel allows unprivileged sockets, a route's any."""
-    message = route_message(address.network, [(nl.index(ns, ifname), None)], replace=True, congestion=congestion,
+    """(Re)write the route the kernel makes for `address`'s subnet with route metrics: a
+    route's `congctl` chooses the TCP congestion control of connections over it (a
+    namespace's own default can only be one its kernel allows unprivileged sockets, a
+    route's any), its `initcwnd`/`initrwnd` their first windows."""
+    message = route_message(address.network, [(nl.index(ns, ifname), None)], replace=True, metrics=metrics,
                             source=address.ip, scope=253, protocol=2)  # as the kernel made it: link scope
-    nl.request(ns, message, f"route {address.network} congctl {congestion} in {ns}")
+    nl.request(ns, message, f"route {address.network} {metrics} in {ns}")
 
 
 def add_route(
@@ -785,14 +813,14 @@ def add_route(
     prefix: ipaddress.IPv4Network,
     nexthops: Sequence[tuple[str, ipaddress.IPv4Address | None]],
     replace: bool = False,
-    congestion: str | None = None,
+    metrics: RouteMetrics | None = None,
     source: ipaddress.IPv4Address | None = None,
 ) -> None:
     """A static route; several (dev, via) pairs make an ECMP group. `replace` overwrites
-    (and restores) an existing route, e.g. after its interface was down. `congestion`: the
-    TCP congestion control of connections over it; `source`: the address it prefers."""
+    (and restores) an existing route, e.g. after its interface was down. `metrics`: what it
+    tells TCP connections over it; `source`: the address it prefers."""
     hops = [(nl.index(ns, dev), via) for dev, via in nexthops]
-    message = route_message(prefix, hops, replace=replace, congestion=congestion, source=source)
+    message = route_message(prefix, hops, replace=replace, metrics=metrics, source=source)
     nl.request(ns, message, f"route {prefix} in {ns}")
 
 

@@ -210,19 +210,19 @@ class Lab:
         """Put back a node's routes, each with the next hops whose interface is up (the
         rest return when their own link does). `down`: the node's interfaces known to be
         down, saving a look at the kernel's."""
-        ns, congestion = self.plan.namespaces[node], self.congestion(node)
+        ns, metrics = self.plan.namespaces[node], self.route_metrics(node)
         if down is None:
             up = {name for name, info in kernel.links_in(nl, ns).items() if info["up"]}
         else:
             up = set(self.topology.nodes[node].interfaces) - set(down)
-        if congestion:  # the kernel remade the subnet routes of interfaces that came up, plainly
+        if metrics:  # the kernel remade the subnet routes of interfaces that came up, plainly
             for iface in self.topology.nodes[node].interfaces.values():
                 if iface.address is not None and iface.name in up:
-                    kernel.set_connected_congestion(nl, ns, iface.name, iface.address, congestion)
+                    kernel.set_connected_metrics(nl, ns, iface.name, iface.address, metrics)
         for route in self.topology.routes_of(node):
             hops = [(h.dev, h.via) for h in route.nexthops if h.dev in up]
             if hops:
-                kernel.add_route(nl, ns, route.prefix, hops, replace=True, congestion=congestion)
+                kernel.add_route(nl, ns, route.prefix, hops, replace=True, metrics=metrics)
 
     # -- faults (orchestrator.faults journals them and calls these) -----------------------
     def links_between(self, a: str, b: str) -> list[Link]:
@@ -303,20 +303,20 @@ class Lab:
         changed = 0
         for node in sorted(set(before) | set(after)):
             old, new = before.get(node, {}), after.get(node, {})
-            space, congestion = self.plan.namespaces[node], self.congestion(node)
+            space, metrics = self.plan.namespaces[node], self.route_metrics(node)
             own = {route.prefix: route for route in self.topology.routes_of(node)} if old.keys() - new.keys() else {}
             for prefix in old.keys() - new.keys():
                 route = own.get(prefix)
                 hops = [(h.dev, h.via) for h in route.nexthops if h.dev not in down.get(node, ())] if route else []
                 if hops:
-                    kernel.add_route(nl, space, prefix, hops, replace=True, congestion=congestion)
+                    kernel.add_route(nl, space, prefix, hops, replace=True, metrics=metrics)
                 else:
                     kernel.delete_route(nl, space, prefix)
                 changed += 1
             for prefix, hops in new.items():
                 if node in refreshed or old.get(prefix) != hops:
                     kernel.add_route(nl, space, prefix, [(h.dev, h.via) for h in hops], replace=True,
-                                     congestion=congestion)
+                                     metrics=metrics)
                     changed += 1
         return changed
 
@@ -413,10 +413,13 @@ class Lab:
         by_ns = {self.namespace(node): script for node, script in scripts.items()}
         kernel.in_namespaces(by_ns, lambda space: nft.run(by_ns[space], space))
 
-    def congestion(self, node: str) -> str | None:
-        """The TCP congestion control a node's data routes carry: servers' only (switches
-        and routers forward, they do not end connections)."""
-        return self.spec.servers.tcp_congestion if self.topology.nodes[node].is_server else None
+    def route_metrics(self, node: str) -> kernel.RouteMetrics | None:
+        """What a node's data routes tell TCP (congestion control, initial windows): servers'
+        only (switches and routers forward, they do not end connections)."""
+        if not self.topology.nodes[node].is_server:
+            return None
+        servers = self.spec.servers
+        return kernel.RouteMetrics(servers.tcp_congestion, servers.initcwnd)
 
     def status(self) -> dict:
         from orchestrator.emulation.status import lab_status
@@ -556,23 +559,23 @@ class _Builder:
 
     def configure_node(self, nl: kernel.Netlink, name: str) -> None:
         self.configure_interfaces(nl, name)
-        congestion = self.lab.congestion(name)
+        metrics = self.lab.route_metrics(name)
         for route in self.topology.routes_of(name):
             kernel.add_route(nl, self.plan.namespaces[name], route.prefix, [(h.dev, h.via) for h in route.nexthops],
-                             congestion=congestion)
+                             metrics=metrics)
 
     def configure_interfaces(self, nl: kernel.Netlink, name: str, links_up: bool = True) -> None:
         """A node's bridge and ports, addresses and the shaping of its link ends. With its
-        links down, the subnet routes get their congestion control when they come up."""
+        links down, the subnet routes get their route metrics when they come up."""
         node, space, links = self.topology.nodes[name], self.plan.namespaces[name], self.spec.links
-        congestion = self.lab.congestion(name) if links_up else None
+        metrics = self.lab.route_metrics(name) if links_up else None
         if BRIDGE in node.interfaces:
             kernel.add_bridge(nl, space, BRIDGE)
         for iface in node.interfaces.values():
             if iface.master:
                 kernel.enslave(nl, space, iface.name, iface.master)
             if iface.address is not None:
-                kernel.add_address(nl, space, iface.name, iface.address, congestion)
+                kernel.add_address(nl, space, iface.name, iface.address, metrics)
         for ifname in self.link_ends(name):
             kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
 

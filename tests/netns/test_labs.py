@@ -260,13 +260,22 @@ def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):
             assert masks and all(int(m.replace(",", ""), 16) == expected for m in masks), (node, iface, masks)
 
 
-@pytest.mark.parametrize("congestion", [None, "reno"])
-def test_servers_connections_use_the_labs_tcp_congestion_control_after_a_link_flap_too(make_lab, congestion):
-    overrides = {"servers.runtime": "netns"} | ({"servers.tcp_congestion": congestion} if congestion else {})
-    lab = make_lab("bcube,2,1", **overrides)
+@pytest.mark.parametrize("congestion, initcwnd", [(None, "default"), ("reno", 20), (None, None)])
+def test_servers_connections_use_the_labs_tcp_settings_after_a_link_flap_too(make_lab, tmp_path, congestion,
+                                                                              initcwnd):
+    servers = {"runtime": "netns"} | ({"tcp_congestion": congestion} if congestion else {})
+    servers |= {} if initcwnd == "default" else {"initcwnd": initcwnd}  # None: the kernel's own
+    lab_file = tmp_path / "lab.yaml"
+    lab_file.write_text(json.dumps({"name": "tcp-settings", "topology": {"kind": "bcube", "n": 2, "k": 1},
+                                    "servers": servers}))
+    lab = make_lab(str(lab_file))
     expected = congestion or "cubic"  # pinned by default, whatever the host's default is
     lab.set_link("h00", "l0s0", False)
     lab.set_link("h00", "l0s0", True)
+    window = 100 if initcwnd == "default" else initcwnd
+    routes = [line for line in lab.exec("h00", ["ip", "-4", "route", "show"]).stdout.splitlines() if "mgmt0" not in line]
+    assert routes and all((f"initcwnd {window} initrwnd {window}" in line) == (window is not None) for line in routes)
+    assert all(("initcwnd" in line) == (window is not None) for line in routes), routes
     for target in ("h01", "h11"):  # a neighbour on a link's subnet, and one through a relaying server
         address = str(lab.topology.address_of(target))
         listener = lab.popen(target, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1)

@@ -4,6 +4,7 @@ plan fields that carry it to them (agent.plan)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -75,12 +76,12 @@ def test_plans_carry_shares_and_the_link_rate_only_when_paced():
     topology = make_topology("star", servers=4)
     schedules, nodes = build_schedules(topology, "mesh", 400_000)
     shares = fair_shares(Routes(topology), schedules, nodes)
-    rate = Network(100e6).ip_rate
+    rate = Network(100e6).payload_rate
     paced = [plan_format.parse(text) for text in plan_format.build_rank_plans(schedules, 4, shares, rate)]
     sends = [send for plans in paced for p in plans for step in p.steps for send in step.sends]
     assert sends and all(send.share == pytest.approx(1 / 3) for send in sends)
     text = plan_format.build_rank_plans(schedules, 4, shares, rate)[0]
-    assert plan_format.link_rate(text) == pytest.approx(100e6 / 8 * 1500 / 1514)
+    assert plan_format.link_rate(text) == pytest.approx(100e6 / 8 * 1448 / 1514)
     plain = plan_format.build_rank_plans(schedules, 4)
     assert plan_format.link_rate(plain[0]) == 0.0 and "link_bytes_per_second" not in json.loads(plain[0])
     assert all(send.share == 1.0 for p in plan_format.parse(plain[0]) for step in p.steps for send in step.sends)
@@ -88,5 +89,7 @@ def test_plans_carry_shares_and_the_link_rate_only_when_paced():
     assert plan_format.parse(plain[0])[0].steps[0].sends[0].nic == -1
 
 
-def test_the_ip_rate_of_a_link_leaves_out_the_ethernet_header():
-    assert Network(1e9, mtu=9000).ip_rate == pytest.approx(1e9 / 8 * 9000 / 9014)
+def test_the_payload_rate_of_a_link_leaves_out_every_header():
+    # what agents pace at: TCP's pacing counts payload bytes, HTB every header of every frame
+    links = SimpleNamespace(bandwidth=1e9, delay=0.0, mtu=9000)
+    assert Network.from_links(links).payload_rate == pytest.approx(1e9 / 8 * (9000 - 52) / 9014)

@@ -38,7 +38,14 @@ def same(ours: bytes, theirs: bytes) -> None:
     ({"dst": "10.0.0.0/8", "multipath": [{"oif": 5}, {"oif": 6, "gateway": "10.0.1.2"}]},
      kernel.route_message(ipaddress.IPv4Network("10.0.0.0/8"), [(5, None), (6, IP("10.0.1.2"))])),
     ({"dst": "10.1.0.0/16", "oif": 5, "gateway": "10.0.0.2", "metrics": {"cc_algo": "bbr"}},
-     kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, IP("10.0.0.2"))], congestion="bbr")),
+     kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, IP("10.0.0.2"))],
+                          metrics=kernel.RouteMetrics("bbr"))),
+    ({"dst": "10.1.0.0/16", "oif": 5, "gateway": "10.0.0.2",
+      "metrics": {"initcwnd": 100, "initrwnd": 100, "cc_algo": "cubic"}},
+     kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, IP("10.0.0.2"))],
+                          metrics=kernel.RouteMetrics("cubic", 100))),
+    ({"dst": "10.1.0.0/16", "oif": 5, "metrics": {"initcwnd": 40, "initrwnd": 40}},
+     kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, None)], metrics=kernel.RouteMetrics(initcwnd=40))),
     ({"dst": "198.18.2.0/23", "oif": 9, "prefsrc": "198.18.0.1"},
      kernel.route_message(ipaddress.IPv4Network("198.18.2.0/23"), [(9, None)], source=IP("198.18.0.1"))),
 ])
@@ -48,7 +55,7 @@ def test_route_add(kwargs, ours):
 
 def test_route_replace_with_multipath_and_congestion():
     ours = kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, IP("10.0.0.2")), (6, IP("10.0.1.2"))],
-                                replace=True, congestion="dctcp")
+                                replace=True, metrics=kernel.RouteMetrics("dctcp"))
     theirs = pyroute2_bytes(lambda b: b.route(
         "replace", dst="10.1.0.0/16", multipath=[{"oif": 5, "gateway": "10.0.0.2"}, {"oif": 6, "gateway": "10.0.1.2"}],
         metrics={"cc_algo": "dctcp"}))
@@ -56,7 +63,8 @@ def test_route_replace_with_multipath_and_congestion():
 
 
 def test_connected_route_with_congestion():
-    ours = kernel.route_message(ipaddress.IPv4Network("10.1.0.0/24"), [(5, None)], replace=True, congestion="cubic",
+    ours = kernel.route_message(ipaddress.IPv4Network("10.1.0.0/24"), [(5, None)], replace=True,
+                                metrics=kernel.RouteMetrics("cubic"),
                                 source=IP("10.1.0.2"), scope=253, protocol=2)
     theirs = pyroute2_bytes(lambda b: b.route(
         "replace", dst="10.1.0.0/24", oif=5, prefsrc="10.1.0.2", scope=253, proto=2, metrics={"cc_algo": "cubic"}))

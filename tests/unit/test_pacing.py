@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.agent.pacing import SLACK, SO_MAX_PACING_RATE, UNPACED, Pacer
 
-LINK = 12_000_000.0  # IP-level bytes/s of a link
+LINK = 12_000_000.0  # payload bytes/s of a link
 
 
 def pacing_of(sock: socket.socket) -> int:
@@ -36,16 +36,18 @@ def test_the_rate_follows_the_shares_being_written(connection):
     assert pacing_of(client) == int(0.5 * SLACK * LINK)
     pacer.end(target, "a")
     assert pacing_of(client) == int(0.25 * SLACK * LINK)
-    pacer.begin(target, "c", 1.0)  # one transfer with the link to itself lifts the limit
-    assert pacing_of(client) == UNPACED
+    pacer.begin(target, "c", 1.0)  # a transfer with the link to itself: a hair under the link
+    assert pacing_of(client) == int(SLACK * LINK)
 
 
-def test_shares_that_fill_the_link_are_not_paced(connection):
+def test_shares_that_fill_the_link_are_paced_at_the_link(connection):
     client, target = connection
     pacer = Pacer(LINK)
     for i in range(3):
         pacer.begin(target, i, 1 / 3)
-    assert pacing_of(client) == UNPACED
+    assert pacing_of(client) == int(SLACK * LINK)
+    pacer.begin(target, 3, 0.5)  # more than the link: still the link
+    assert pacing_of(client) == int(SLACK * LINK)
 
 
 def test_no_link_rate_no_pacing(connection):
