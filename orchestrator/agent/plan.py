@@ -22,23 +22,28 @@ import json
 from dataclasses import dataclass
 
 # Bytes per streamed message of a transfer. Every message costs the agent fixed Python and
-# gRPC work, and every message in flight is held several times over by gRPC's Python layer.
-# In a CPU-bound ring (8 agents, 1 Gbit, 2 cores) 1 MiB messages were ~7 % faster than
-# 512 KiB, but a mesh agent receiving from 7 peers at once then peaked at ~80 MiB beyond
-# its gradient (72 with 512 KiB), over the 80 MB bound: see `chunk_bytes`.
-CHUNK_BYTES = 512 * 1024
-FEW_PEERS_CHUNK_BYTES = 2**20
+# gRPC work, and every message in flight is held several times over by gRPC and the agent
+# (encoded, in gRPC's buffers, received, waiting to be applied), once per stream. So a rank
+# that streams to and from few peers takes big messages, one with many peers small ones: a
+# budget of MESSAGE_BUDGET bytes over its streams, between the two bounds.
+MESSAGE_BUDGET = 2 * 2**20
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 64 * 1024, 2**20
+DEFAULT_CHUNK_BYTES = 512 * 1024  # when a run names none (a driver always does)
 
 
 def chunk_bytes(schedules, credit_bytes: int = 0, itemsize: int = 4) -> int:
     """Message size for a run of [(Partition, Schedule)] with a credit window of
-    `credit_bytes` (0: every partition at once): FEW_PEERS_CHUNK_BYTES when no rank can have
-    more than one stream coming in at a time (a ring in one partition, 2 ranks), else
-    CHUNK_BYTES. Streams at a time are a rank's distinct sources over the whole run (agents
-    order transfers per range, so receives of successive steps overlap) times the
-    partitions in flight. Measured peaks beyond the gradient with 1 MiB messages: a binomial
-    tree's root (3 children) 76.6 MiB, a ring with two 8 MiB partitions in flight 74-76
-    MiB, both close to the 80 MB bound; with 512 KiB, 68 and 69."""
+    `credit_bytes` (0: every partition at once): MESSAGE_BUDGET over the most streams a rank
+    can have coming in at a time, as a power of two within [MIN_CHUNK_BYTES,
+    MAX_CHUNK_BYTES]. Streams at a time are a rank's distinct sources over the whole run
+    (agents order transfers per range, so receives of successive steps overlap) times the
+    partitions in flight.
+
+    Measured, peak memory beyond the gradient and time per allreduce / the model's: in a
+    CPU-bound ring (8 agents, 1 Gbit, 2 cores) 1 MiB messages were ~7 % faster than 512 KiB;
+    a mesh of 16 on bcube,4,1 at 100 Mbit (15 streams each way) took 97 MiB and 1.20 × with
+    512 KiB messages, 80 MiB and 1.15 × with 128 KiB; a binomial tree's root (3 children)
+    peaked at 76.6 MiB with 1 MiB messages, 68 with 512 KiB."""
     sources: dict[int, set[int]] = {}
     for _, schedule in schedules:
         for _, transfer in schedule.transfers():
@@ -47,9 +52,11 @@ def chunk_bytes(schedules, credit_bytes: int = 0, itemsize: int = 4) -> int:
     if credit_bytes and schedules:
         smallest = min(part.length for part, _ in schedules) * itemsize
         in_flight = min(in_flight, max(1, credit_bytes // max(1, smallest)))
-    if any(len(peers) * in_flight > 1 for peers in sources.values()):
-        return CHUNK_BYTES
-    return FEW_PEERS_CHUNK_BYTES
+    streams = max((len(peers) for peers in sources.values()), default=1) * in_flight
+    size = MAX_CHUNK_BYTES
+    while size > MIN_CHUNK_BYTES and size * streams > MESSAGE_BUDGET:
+        size //= 2
+    return size
 
 
 @dataclass(frozen=True)

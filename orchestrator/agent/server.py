@@ -93,7 +93,7 @@ class Agent:
         self.buffer_bytes = buffer.nbytes
         self.engine = Engine(
             config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
-            config.chunk_bytes or plan_format.CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
+            config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json),
         )
         # connected before Start: the orchestrator may read the connections' paths in between

@@ -44,7 +44,7 @@ from orchestrator.cost.ranges import Ranges
 from orchestrator.cost.routes import Routes
 
 # What a message of a transfer is when the caller does not say: the agents' default
-# (agent/plan.py CHUNK_BYTES; the model may not import the agent).
+# (agent/plan.py DEFAULT_CHUNK_BYTES; the model may not import the agent).
 DEFAULT_CHUNK_BYTES = 512 * 1024
 _TIME_SLACK = 1e-9  # events this close (relative to the time to the next one) are simultaneous
 

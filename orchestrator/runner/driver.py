@@ -345,7 +345,9 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         started = time.monotonic()
         repaced = None
         if hashed:  # the connections are open: predict (and pace) over the paths they took
-            routes = Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths), ctx.topology))
+            wanted = {(nodes[t.src], routes.address(nodes[t.dst], t.nic))
+                      for _, schedule in schedules for _, t in schedule.transfers() if nodes[t.src] != nodes[t.dst]}
+            routes = Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths, wanted), ctx.topology))
             predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, routes)
             span.predicted = predicted
             if paced:
@@ -603,13 +605,27 @@ def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | No
         raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
 
 
-def _flow_paths(read: Callable[[], dict]) -> dict:
-    """The lab's connection paths, or none (an even spread) if the lab cannot say."""
-    try:
-        return read()
-    except (TestbedError, OSError) as exc:
-        log.warning("the run's connection paths could not be read (%s): predicting an even ECMP spread", exc)
-        return {}
+PATHS_TRIES, PATHS_WAIT = 5, 0.2  # for connections still being opened when the agents answered
+
+
+def _flow_paths(read: Callable[[], dict], wanted: set) -> dict:
+    """The paths of the run's connections (`wanted`: (server, address) keys) as the lab
+    forwards them; the connections not found in time keep the even spread, with a warning."""
+    paths: dict = {}
+    for attempt in range(PATHS_TRIES):
+        try:
+            paths = read()
+        except (TestbedError, OSError) as exc:
+            log.warning("the run's connection paths could not be read (%s): predicting an even ECMP spread", exc)
+            return {}
+        if wanted <= paths.keys():
+            break
+        time.sleep(PATHS_WAIT)
+    else:
+        missing = sorted(f"{src}→{address}" for src, address in wanted - paths.keys())
+        log.warning("no open connection for %d of the run's %d (%s…): those predicted over an even ECMP spread",
+                    len(missing), len(wanted), ", ".join(missing[:3]))
+    return paths
 
 
 def _pinned(paths: dict, topology) -> dict:

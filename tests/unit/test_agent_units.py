@@ -191,14 +191,18 @@ def test_tuned_malloc_serves_message_sized_buffers_without_faulting_pages_in():
     assert tuned < default / 20
 
 
+KIB = 1024
+
+
 @pytest.mark.parametrize("algorithm, workers, part_bytes, credit, expected", [
-    ("ring", 8, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES), ("ring", 17, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES),
-    ("ring", 8, 8_000, 8_000, plan_format.FEW_PEERS_CHUNK_BYTES),  # one partition in flight at a time
-    ("ring", 8, 8_000, 16_000, plan_format.CHUNK_BYTES),  # two at once: two streams from the neighbour
-    ("ring", 8, 8_000, 0, plan_format.CHUNK_BYTES),  # every partition at once
-    ("tree", 2, None, 0, plan_format.FEW_PEERS_CHUNK_BYTES),
-    ("halving-doubling", 4, None, 0, plan_format.CHUNK_BYTES),  # two partners over its steps
-    ("tree", 5, None, 0, plan_format.CHUNK_BYTES), ("mesh", 4, None, 0, plan_format.CHUNK_BYTES),
+    ("ring", 8, None, 0, 1024 * KIB), ("ring", 17, None, 0, 1024 * KIB),  # one stream in: the most
+    ("ring", 8, 8_000, 8_000, 1024 * KIB),  # one partition in flight at a time
+    ("ring", 8, 8_000, 16_000, 1024 * KIB),  # two at once: two streams from the neighbour, 2 MiB
+    ("ring", 8, 8_000, 0, 256 * KIB),  # every partition (5) at once
+    ("tree", 2, None, 0, 1024 * KIB),
+    ("halving-doubling", 8, None, 0, 512 * KIB),  # three partners over its steps
+    ("tree", 5, None, 0, 512 * KIB), ("mesh", 4, None, 0, 512 * KIB),  # a root of three children; three peers
+    ("mesh", 16, None, 0, 128 * KIB), ("mesh", 64, None, 0, 64 * KIB),  # never under 64 KiB
 ])
 def test_message_size_shrinks_when_a_rank_has_several_streams_coming_in(algorithm, workers, part_bytes, credit, expected):
     schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], part_bytes))

@@ -36,18 +36,18 @@ def test_the_rate_follows_the_shares_being_written(connection):
     assert pacing_of(client) == int(0.5 * SLACK * LINK)
     pacer.end(target, "a")
     assert pacing_of(client) == int(0.25 * SLACK * LINK)
-    pacer.begin(target, "c", 1.0)  # a transfer with the link to itself: a hair under the link
-    assert pacing_of(client) == int(SLACK * LINK)
+    pacer.begin(target, "c", 1.0)  # one transfer with the link to itself lifts the limit
+    assert pacing_of(client) == UNPACED
 
 
-def test_shares_that_fill_the_link_are_paced_at_the_link(connection):
+def test_shares_that_fill_the_link_are_not_paced(connection):
     client, target = connection
     pacer = Pacer(LINK)
-    for i in range(3):
+    for i in range(2):
         pacer.begin(target, i, 1 / 3)
-    assert pacing_of(client) == int(SLACK * LINK)
-    pacer.begin(target, 3, 0.5)  # more than the link: still the link
-    assert pacing_of(client) == int(SLACK * LINK)
+    assert pacing_of(client) == int(2 / 3 * SLACK * LINK)
+    pacer.begin(target, 2, 1 / 3)
+    assert pacing_of(client) == UNPACED
 
 
 def test_no_link_rate_no_pacing(connection):
