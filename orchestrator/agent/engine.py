@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 import grpc
 import numpy as np
 
-from orchestrator.agent.pacing import Pacer
+from orchestrator.agent.pacing import Pacer, connected
 from orchestrator.agent.plan import PartitionPlan, Send, Step
 from orchestrator.agent.proto import testbed_pb2 as pb
 
@@ -147,6 +147,7 @@ class Engine:
         self.counters = counters  # callable(peer_node, sent_bytes, received_bytes, nic=-1)
         self.options = channel_options(window_bytes)
         self.pacer = Pacer(link_rate)
+        self.stale: frozenset[int] = frozenset()  # earlier runs' connections to our peers (pacing.py)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
         self.changed = asyncio.Condition()
@@ -169,7 +170,7 @@ class Engine:
                 [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in self.plans]:
             raise ValueError("the new plan's transfers differ from the configured ones")
         self.plans = plans
-        self.pacer = Pacer(link_rate)
+        self.pacer = Pacer(link_rate, self.stale)
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:
@@ -299,6 +300,9 @@ class Engine:
         iteration (rather than 15 at once per rank inside it). A peer that does not answer
         in time is left to the first send to it, which reports it."""
         targets = {self._target(send) for plan in self.plans for step in plan.steps for send in step.sends}
+        # before our own channels exist: whatever leads to these peers now is not this run's
+        self.stale |= connected(targets - set(self.stubs))
+        self.pacer.stale = self.stale
         for target in targets:
             self._push(target)
         try:
@@ -448,8 +452,11 @@ class Engine:
     async def close(self) -> None:
         for channel in self.channels.values():
             await channel.close()
+        # a closed channel's connection lives as long as a call object on it does
         self.channels.clear()
         self.stubs.clear()
+        self.streams.clear()
+        self.unacknowledged.clear()
 
 
 PUSH = "/testbed.Data/Push"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -86,6 +87,11 @@ class Agent:
             raise RuntimeError("a run is in progress: Stop it first")
         if self.engine is not None:
             await self.engine.close()
+            # the last run's calls sit in reference cycles (a cancelled send's traceback holds
+            # its call, the finished task its traceback), each holding its connection open
+            if self.task is not None and self.task.done():
+                self.task = None
+            gc.collect()  # the last run's calls sit in reference cycles, holding their connections open
         peers = {
             p.rank: {"address": p.address, "by_nic": dict(p.by_nic), "node": p.node} for p in config.peers
         }

@@ -129,7 +129,8 @@ def write_summary(results: dict, path: Path) -> Path:
               f"[results.json](results.json), [results.csv]({RESULTS_CSV}), [iterations.csv]({ITERATIONS_CSV})",
               "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v), "",
               "GST is the slowest agent's synchronisation time per iteration (warm-up left out); ratio = measured "
-              "mean over the iterations no fault touched / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
+              "mean over the iterations no fault touched (nor a re-formed membership's first, warming up) / "
+              "predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]

@@ -128,9 +128,12 @@ def iteration_times(records: list[dict]) -> list[float]:
 RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long
 
 
-def faulted_iterations(records: list[dict], events: list[dict]) -> list[int]:
+def faulted_iterations(records: list[dict], events: list[dict], history: list[dict] = (), settle: int = 1) -> list[int]:
     """Iterations whose compute or synchronisation overlapped a fault in effect (applied to
-    undone, plus RECOVERY_S; to the end when it was never undone)."""
+    undone, plus RECOVERY_S; to the end when it was never undone), and the first `settle`
+    of every membership a surviving run re-formed into (`history` after its first epoch):
+    the re-form is the fault's doing, and its new connections start cold like the run's
+    warm-up (a rejoined BCube(4,1) HiPS: 1.5 × the model, then 1.2, 1.1)."""
     spans: dict[int, tuple[float, float]] = {}
     for r in records:
         begin, end = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
@@ -138,7 +141,9 @@ def faulted_iterations(records: list[dict], events: list[dict]) -> list[int]:
         spans[r["iteration"]] = (min(low, begin), max(high, end))
     faults = [(e["applied"], e["undone"] + RECOVERY_S if e.get("undone") is not None else float("inf"))
               for e in events if e.get("applied") is not None]
-    return sorted(i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults))
+    touched = {i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults)}
+    touched |= {i for epoch in history[1:] for i in range(epoch["first"], epoch["first"] + settle) if i in spans}
+    return sorted(touched)
 
 
 def _predicted_at(iteration: int, history: list[dict], predicted: float | None) -> float | None:
@@ -156,7 +161,8 @@ def _predicted_at(iteration: int, history: list[dict], predicted: float | None) 
 def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
     """The measured fields of a point from its agents' records and per-iteration GST. The
     ratio to the prediction (a fault-free network's) leaves out the iterations a fault of
-    the timeline touched; the GST statistics keep every measured iteration."""
+    the timeline touched, and a re-formed membership's first (as many as the warm-up, at
+    least one); the GST statistics keep every measured iteration."""
     timed = gst[warmup:] if len(gst) > warmup else gst
     stats = summary(timed)
     size = point["size_bytes"]
@@ -164,7 +170,7 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     algbw = size / mean if mean else None
     busbw = algbw * 2 * (workers - 1) / workers if algbw is not None and workers > 1 else None
     predicted = (point.get("predicted") or {}).get("seconds")
-    faulted = faulted_iterations(records, point.get("fault_events") or [])
+    faulted = faulted_iterations(records, point.get("fault_events") or [], point.get("history") or [], max(1, warmup))
     iterations = iteration_times(records)
     kept = [i for i in range(len(gst)) if i >= min(warmup, len(gst) - 1) and i not in faulted]
     fault_free = sum(gst[i] for i in kept) / len(kept) if kept else None

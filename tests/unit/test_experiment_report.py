@@ -203,9 +203,13 @@ def test_the_ratio_sets_each_iteration_beside_the_prediction_for_its_membership(
                {"first": 3, "members": [], "nodes": [], "reason": "h33 lost", "predicted_s": 1.0}]
     point = {"size_bytes": 100, "predicted": {"seconds": 1.0}, "history": history,
              "fault_events": [{"applied": 20.5, "undone": 20.8}]}
+    gst[3] = 5.0  # the re-formed membership's first iteration: new connections, cold
     measured = measured_point(point, records, gst, 0, 2)
-    assert measured["faulted_iterations"] == [2]
-    # iterations 0, 1 against 1.0; 3, 4, 5 against 1.0 × 1.0/0.5 = 2.0
-    assert measured["ratio"] == pytest.approx((1 + 1 + 2 + 2 + 2) / (1 + 1 + 2 + 2 + 2))
+    assert measured["faulted_iterations"] == [2, 3]  # the fault's, and the re-form's first
+    # iterations 0, 1 against 1.0; 4, 5 against 1.0 × 1.0/0.5 = 2.0
+    assert measured["ratio"] == pytest.approx((1 + 1 + 2 + 2) / (1 + 1 + 2 + 2))
+    # with a warm-up of 2, a re-formed membership settles for as long
+    assert measured_point(point, records, gst, 2, 2)["faulted_iterations"] == [2, 3, 4]
     point["history"] = history[:1]  # nobody lost: the point's own prediction throughout
-    assert measured_point(point, records, gst, 0, 2)["ratio"] == pytest.approx(8.0 / 5)
+    assert measured_point(point, records, gst, 0, 2)["faulted_iterations"] == [2]
+    assert measured_point(point, records, gst, 0, 2)["ratio"] == pytest.approx(11.0 / 5)

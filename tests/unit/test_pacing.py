@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from orchestrator.agent.pacing import SLACK, SO_MAX_PACING_RATE, UNPACED, Pacer
+from orchestrator.agent.pacing import SLACK, SO_MAX_PACING_RATE, UNPACED, Pacer, connected
 
 LINK = 12_000_000.0  # payload bytes/s of a link
 
@@ -102,3 +102,32 @@ def test_a_dual_stack_connection_to_an_ipv4_peer_is_found():
     finally:
         client.close()
         server.close()
+
+
+def test_a_stale_connection_to_the_same_peer_is_passed_over(connection):
+    # an earlier run's connection to the same peer address, still open (a closed gRPC
+    # channel's connection lives until its calls are collected): the run's own one is paced
+    old, target = connection
+    host, port = target.rsplit(":", 1)
+    stale = connected([target])
+    new = socket.create_connection((host, int(port)))
+    try:
+        assert connected([target]) > stale  # the new connection is not stale
+        pacer = Pacer(LINK, stale)
+        pacer.begin(target, "a", 0.25)
+        assert pacing_of(new) == int(0.25 * SLACK * LINK)
+        assert pacing_of(old) == UNPACED
+    finally:
+        new.close()
+
+
+def test_without_stale_connections_named_the_first_connection_found_is_paced(connection):
+    # what the agent did before it named them: one of the two, which need not be the run's
+    old, target = connection
+    host, port = target.rsplit(":", 1)
+    new = socket.create_connection((host, int(port)))
+    try:
+        Pacer(LINK).begin(target, "a", 0.25)
+        assert sorted([pacing_of(old), pacing_of(new)]) == [int(0.25 * SLACK * LINK), UNPACED]
+    finally:
+        new.close()
