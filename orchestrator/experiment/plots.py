@@ -41,22 +41,25 @@ def _varied(points: list[dict]) -> set[str]:
 
 
 def gst_per_algorithm(results: dict, path: Path) -> Path:
-    """Measured GST (mean, whiskers p50..p95) beside the cost model's prediction, per point."""
+    """Measured GST (mean, whiskers p50..p95) and time per synchronisation (what the ratio
+    takes, results.sync_times) beside the cost model's prediction, per point."""
     points = results["points"]
     varied = _varied(points)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(points) + 2), 4.5))
-    width = 0.38
+    width = 0.27
     xs = range(len(points))
     measured = [(p.get("gst_s") or {}).get("mean") or 0.0 for p in points]
     low = [max(0.0, m - ((p.get("gst_s") or {}).get("p50") or m)) for p, m in zip(points, measured)]
     high = [max(0.0, ((p.get("gst_s") or {}).get("p95") or m) - m) for p, m in zip(points, measured)]
     predicted = [(p.get("predicted") or {}).get("seconds") or 0.0 for p in points]
-    ax.bar([x - width / 2 for x in xs], measured, width, yerr=[low, high], capsize=3, label="measured (mean; p50–p95)",
-           color="#3b75af")
-    ax.bar([x + width / 2 for x in xs], predicted, width, label="predicted", color="#ef8636", alpha=0.85)
+    sync = [(p.get("sync_s") or {}).get("mean") or 0.0 for p in points]
+    ax.bar([x - width for x in xs], measured, width, yerr=[low, high], capsize=3,
+           label="GST, slowest agent (mean; p50–p95)", color="#3b75af")
+    ax.bar(list(xs), sync, width, label="time per synchronisation (mean)", color="#7aa6d6")
+    ax.bar([x + width for x in xs], predicted, width, label="predicted", color="#ef8636", alpha=0.85)
     for x, point in zip(xs, points):
         if point["status"] != "done":
-            ax.annotate(point["status"], (x - width / 2, 0), ha="center", va="bottom", rotation=90, fontsize=8,
+            ax.annotate(point["status"], (x - width, 0), ha="center", va="bottom", rotation=90, fontsize=8,
                         color="#b00")
     ax.set_xticks(list(xs), [_label(p, varied) for p in points], fontsize=8)
     ax.set_ylabel("GST per allreduce (s)")

@@ -31,7 +31,8 @@ COLUMNS = {
     "algorithm": lambda p: p["algorithm"], "workers": lambda p: len(p["workers"]),
     "servers": lambda p: len(p["servers"]), "status": lambda p: p["status"],
     "gst_mean_s": lambda p: _get(p, "gst_s", "mean"), "gst_p50_s": lambda p: _get(p, "gst_s", "p50"),
-    "gst_p95_s": lambda p: _get(p, "gst_s", "p95"), "predicted_s": lambda p: _get(p, "predicted", "seconds"),
+    "gst_p95_s": lambda p: _get(p, "gst_s", "p95"), "sync_mean_s": lambda p: _get(p, "sync_s", "mean"),
+    "predicted_s": lambda p: _get(p, "predicted", "seconds"),
     "ratio": lambda p: p.get("ratio"), "algbw_bytes_per_s": lambda p: p.get("algbw_bytes_per_s"),
     "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
@@ -103,7 +104,8 @@ def table_rows(results: dict) -> list[list[str]]:
         ratio = p.get("ratio")
         rows.append([p["id"], p["algorithm"], p["topology"], p["link_rate"], f"{p['size_bytes'] / 2**20:.3g}",
                      p["status"], _seconds(_get(p, "gst_s", "mean")), _seconds(_get(p, "gst_s", "p50")),
-                     _seconds(_get(p, "gst_s", "p95")), _seconds(_get(p, "predicted", "seconds")),
+                     _seconds(_get(p, "gst_s", "p95")), _seconds(_get(p, "sync_s", "mean")),
+                     _seconds(_get(p, "predicted", "seconds")),
                      "–" if ratio is None else f"{ratio:.3f}", _rate(p.get("algbw_bytes_per_s")),
                      _rate(p.get("busbw_bytes_per_s")), str(len(p.get("fault_events", []))), _checker(p), _verdict(p)])
     return rows
@@ -111,7 +113,7 @@ def table_rows(results: dict) -> list[list[str]]:
 
 
 TABLE_HEADER = ["point", "algorithm", "topology", "rate", "MiB", "status", "GST mean s", "p50 s", "p95 s",
-                "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults", "checker", "verdict"]
+                "sync mean s", "predicted s", "ratio", "algbw Mbit/s", "busbw Mbit/s", "faults", "checker", "verdict"]
 
 
 def write_summary(results: dict, path: Path) -> Path:
@@ -128,9 +130,11 @@ def write_summary(results: dict, path: Path) -> Path:
               f"- experiment file: [{experiment['file']}]({experiment['file']}); all numbers: "
               f"[results.json](results.json), [results.csv]({RESULTS_CSV}), [iterations.csv]({ITERATIONS_CSV})",
               "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v), "",
-              "GST is the slowest agent's synchronisation time per iteration (warm-up left out); ratio = measured "
-              "mean over the iterations no fault touched (nor a re-formed membership's first, warming up) / "
-              "predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
+              "GST is the slowest agent's synchronisation time per iteration (warm-up left out); sync is the "
+              "time per synchronisation: from the end of the last to the end of this one, less the compute "
+              "between (NCCL-tests' time per operation; GST also counts an early agent waiting for late ones to "
+              "enter); ratio = mean sync over the iterations no fault touched (nor a re-formed membership's "
+              "first, warming up) / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]

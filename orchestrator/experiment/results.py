@@ -125,6 +125,19 @@ def iteration_times(records: list[dict]) -> list[float]:
     return times
 
 
+def sync_times(records: list[dict]) -> list[float]:
+    """Per iteration, the time per synchronisation: its iteration time (above) less the
+    compute in it (the median agent's), NCCL-tests' time per operation with compute between.
+    What the cost model predicts: GST, the slowest agent's time inside the allreduce, also
+    counts an early agent waiting for late ones to enter (a colocated PS's workers finish an
+    iteration up to 1.8 s apart on bcube,4,1, and enter the next as far apart)."""
+    compute: dict[int, list[float]] = {}
+    for record in records:
+        compute.setdefault(record["iteration"], []).append(record["compute_s"])
+    return [max(0.0, t - statistics.median(compute[i]))
+            for i, t in zip(sorted(compute), iteration_times(records))]
+
+
 RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long
 
 
@@ -160,7 +173,8 @@ def _predicted_at(iteration: int, history: list[dict], predicted: float | None) 
 
 def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
     """The measured fields of a point from its agents' records and per-iteration GST. The
-    ratio to the prediction (a fault-free network's) leaves out the iterations a fault of
+    ratio is the time per synchronisation (`sync_times`) over the prediction (a fault-free
+    network's, for the membership of the iteration); it leaves out the iterations a fault of
     the timeline touched, and a re-formed membership's first (as many as the warm-up, at
     least one); the GST statistics keep every measured iteration."""
     timed = gst[warmup:] if len(gst) > warmup else gst
@@ -172,15 +186,22 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     predicted = (point.get("predicted") or {}).get("seconds")
     faulted = faulted_iterations(records, point.get("fault_events") or [], point.get("history") or [], max(1, warmup))
     iterations = iteration_times(records)
+    sync = sync_times(records) if records else []
     kept = [i for i in range(len(gst)) if i >= min(warmup, len(gst) - 1) and i not in faulted]
-    fault_free = sum(gst[i] for i in kept) / len(kept) if kept else None
+    kept_sync = [i for i in kept if i < len(sync)]
+
+    def fault_free(values: list[float], at: list[int]) -> float | None:
+        return sum(values[i] for i in at) / len(at) if at else None
+
     # each iteration beside the prediction for the membership that ran it (a surviving run
     # re-formed over fewer servers is predicted again: driver.Epoch.predicted_s)
-    expected = [_predicted_at(i, point.get("history") or [], predicted) for i in kept]
+    expected = [_predicted_at(i, point.get("history") or [], predicted) for i in kept_sync]
     return {
-        "gst_s": {**stats, "per_iteration": gst, "fault_free_mean": fault_free},
+        "gst_s": {**stats, "per_iteration": gst, "fault_free_mean": fault_free(gst, kept)},
+        "sync_s": {**summary(sync[warmup:] if len(sync) > warmup else sync), "per_iteration": sync,
+                   "fault_free_mean": fault_free(sync, kept_sync)},
         "faulted_iterations": faulted,
-        "ratio": sum(gst[i] for i in kept) / sum(expected) if kept and all(expected) else None,
+        "ratio": sum(sync[i] for i in kept_sync) / sum(expected) if kept_sync and all(expected) else None,
         "algbw_bytes_per_s": algbw,
         "busbw_bytes_per_s": busbw,
         "iteration_s": {**summary(iterations[warmup:]), "per_iteration": iterations},

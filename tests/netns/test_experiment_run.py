@@ -79,7 +79,13 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert point["faulted_iterations"] and min(point["faulted_iterations"]) >= 2  # applied once all entered 2
         clean = [t for i, t in enumerate(gst["per_iteration"]) if i >= spec["warmup"] and i not in point["faulted_iterations"]]
         assert gst["fault_free_mean"] == pytest.approx(sum(clean) / len(clean))
-        assert predicted > 0 and point["ratio"] == pytest.approx(gst["fault_free_mean"] / predicted)
+        # the ratio is the time per synchronisation's: no more than the slowest agent's GST
+        sync = point["sync_s"]
+        assert len(sync["per_iteration"]) == iterations
+        assert all(0 < s < g + 0.1 for s, g in zip(sync["per_iteration"], gst["per_iteration"]))  # compute jitter
+        clean = [t for i, t in enumerate(sync["per_iteration"]) if i >= spec["warmup"] and i not in point["faulted_iterations"]]
+        assert sync["fault_free_mean"] == pytest.approx(sum(clean) / len(clean))
+        assert predicted > 0 and point["ratio"] == pytest.approx(sync["fault_free_mean"] / predicted)
         # the measured GST is the network's: at least the fluid time, not orders beyond it
         assert 0.9 < point["ratio"] < 10
         assert point["algbw_bytes_per_s"] == pytest.approx(point["size_bytes"] / gst["mean"])

@@ -191,21 +191,45 @@ def test_a_partitioning_sweep_is_crossed_and_changes_the_prediction():
     copy.deepcopy(plan.points[0].point.describe())  # JSON-able, as results.json stores it
 
 
+def _records(syncs: list[float], compute: float = 0.5, early: dict | None = None) -> list[dict]:
+    """Agent records of iterations `syncs[i]` s of synchronisation apart, each agent computing
+    `compute` s first; `early`: {iteration: seconds} the first agent left the iteration before
+    it ends (a PS worker whose pull came first), and so enters the next one that much early."""
+    records, end = [], 0.0
+    for i, sync in enumerate(syncs):
+        ahead = (early or {}).get(i - 1, 0.0)
+        finish = end + compute + sync
+        leaves = finish - (early or {}).get(i, 0.0)
+        for rank, entered in enumerate((end - ahead + compute, end + compute)):
+            records.append({"iteration": i, "start_time": entered, "compute_s": compute,
+                            "gst_s": (leaves if rank == 0 else finish) - entered, "node": f"h{rank}", "rank": rank,
+                            "verified": True, "bytes_sent": 0, "seconds": 1.0})
+        end = finish
+    return records
+
+
+def _gst(records: list[dict]) -> list[float]:
+    by: dict[int, float] = {}
+    for r in records:
+        by[r["iteration"]] = max(by.get(r["iteration"], 0.0), r["gst_s"])
+    return [by[i] for i in sorted(by)]
+
+
 def test_the_ratio_sets_each_iteration_beside_the_prediction_for_its_membership():
     """A surviving run re-formed over 15 of 16 servers is predicted again (driver.Epoch):
     its iterations count against that prediction, scaled to the point's; faulted ones not at all."""
     from orchestrator.experiment.results import measured_point
 
-    records = [{"iteration": i, "start_time": 10.0 * i, "compute_s": 0.0, "gst_s": 1.0, "node": "h0", "rank": 0,
-                "verified": True, "bytes_sent": 0, "seconds": 1.0} for i in range(6)]
-    gst = [1.0, 1.0, 9.0, 2.0, 2.0, 2.0]
+    # iteration 3 is the re-formed membership's first: new connections, cold
+    records = _records([1.0, 1.0, 9.0, 5.0, 2.0, 2.0])
+    gst = _gst(records)
     history = [{"first": 0, "members": [], "nodes": [], "reason": "start", "predicted_s": 0.5},
                {"first": 3, "members": [], "nodes": [], "reason": "h33 lost", "predicted_s": 1.0}]
     point = {"size_bytes": 100, "predicted": {"seconds": 1.0}, "history": history,
-             "fault_events": [{"applied": 20.5, "undone": 20.8}]}
-    gst[3] = 5.0  # the re-formed membership's first iteration: new connections, cold
+             "fault_events": [{"applied": records[4]["start_time"] + 0.5, "undone": records[4]["start_time"] + 0.8}]}
     measured = measured_point(point, records, gst, 0, 2)
     assert measured["faulted_iterations"] == [2, 3]  # the fault's, and the re-form's first
+    assert measured["sync_s"]["per_iteration"] == pytest.approx([1.0, 1.0, 9.0, 5.0, 2.0, 2.0])
     # iterations 0, 1 against 1.0; 4, 5 against 1.0 × 1.0/0.5 = 2.0
     assert measured["ratio"] == pytest.approx((1 + 1 + 2 + 2) / (1 + 1 + 2 + 2))
     # with a warm-up of 2, a re-formed membership settles for as long
@@ -213,3 +237,16 @@ def test_the_ratio_sets_each_iteration_beside_the_prediction_for_its_membership(
     point["history"] = history[:1]  # nobody lost: the point's own prediction throughout
     assert measured_point(point, records, gst, 0, 2)["faulted_iterations"] == [2]
     assert measured_point(point, records, gst, 0, 2)["ratio"] == pytest.approx(11.0 / 5)
+
+
+def test_the_ratio_counts_the_time_per_synchronisation_not_an_agent_waiting_for_a_late_one():
+    # the first agent leaves iterations 0 and 2 half a second before the second: it enters
+    # the next one as early, and its GST counts the wait; the synchronisation does not
+    from orchestrator.experiment.results import measured_point
+
+    records = _records([1.0, 1.0, 1.0, 1.0], early={0: 0.5, 2: 0.5})
+    gst = _gst(records)
+    assert gst == pytest.approx([1.0, 1.5, 1.0, 1.5])
+    measured = measured_point({"size_bytes": 100, "predicted": {"seconds": 1.0}}, records, gst, 0, 2)
+    assert measured["sync_s"]["per_iteration"] == pytest.approx([1.0, 1.0, 1.0, 1.0])
+    assert measured["ratio"] == pytest.approx(1.0) and measured["gst_s"]["mean"] == pytest.approx(1.25)
