@@ -716,7 +716,7 @@ def _print_plan(plan) -> None:
 def _print_results(results: dict) -> None:
     from orchestrator.experiment.report import TABLE_HEADER, table_rows
 
-    shown = ("point", "status", "GST mean s", "sync mean s", "predicted s", "ratio", "busbw Mbit/s", "faults")
+    shown = ("point", "status", "GST mean s", "sync s, no fault", "predicted s", "ratio", "busbw Mbit/s", "faults")
     columns = [TABLE_HEADER.index(name) for name in shown]
     table = Table(*shown, title=f"{results['experiment']['name']}: {results['status']}")
     for row in table_rows(results):
