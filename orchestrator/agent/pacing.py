@@ -17,7 +17,7 @@ checked again before every change (gRPC may have reconnected on another descript
 Connections an earlier run left open to the same peer (a closed channel's connection lives
 until its last call object is collected) are named `stale` and passed over: pacing one of
 them instead left the run's own connection unpaced, and a run that re-formed after a
-server crash stayed at 1.2-1.7 × the model's time for the rest of the run.
+server crash stayed at 1.2-1.9 × the model's time per iteration (bcube,4,1 in Docker).
 """
 
 from __future__ import annotations

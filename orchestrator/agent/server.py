@@ -91,7 +91,7 @@ class Agent:
             # its call, the finished task its traceback), each holding its connection open
             if self.task is not None and self.task.done():
                 self.task = None
-            gc.collect()  # the last run's calls sit in reference cycles, holding their connections open
+            gc.collect()
         peers = {
             p.rank: {"address": p.address, "by_nic": dict(p.by_nic), "node": p.node} for p in config.peers
         }

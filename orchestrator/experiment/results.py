@@ -23,6 +23,7 @@ import statistics
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Sequence
 
 from orchestrator.emulation.journal import write_atomically
 from orchestrator.errors import BadUsage
@@ -128,9 +129,9 @@ def iteration_times(records: list[dict]) -> list[float]:
 def sync_times(records: list[dict]) -> list[float]:
     """Per iteration, the time per synchronisation: its iteration time (above) less the
     compute in it (the median agent's), NCCL-tests' time per operation with compute between.
-    What the cost model predicts: GST, the slowest agent's time inside the allreduce, also
-    counts an early agent waiting for late ones to enter (a colocated PS's workers finish an
-    iteration up to 1.8 s apart on bcube,4,1, and enter the next as far apart)."""
+    This is what the cost model predicts. GST, the slowest agent's time inside the allreduce,
+    also counts an early agent waiting for late ones to enter (a colocated PS's workers finish
+    an iteration up to 1.8 s apart on bcube,4,1, and enter the next as far apart)."""
     compute: dict[int, list[float]] = {}
     for record in records:
         compute.setdefault(record["iteration"], []).append(record["compute_s"])
@@ -141,7 +142,8 @@ def sync_times(records: list[dict]) -> list[float]:
 RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long
 
 
-def faulted_iterations(records: list[dict], events: list[dict], history: list[dict] = (), settle: int = 1) -> list[int]:
+def faulted_iterations(records: list[dict], events: list[dict], history: Sequence[dict] = (),
+                       settle: int = 1) -> list[int]:
     """Iterations whose compute or synchronisation overlapped a fault in effect (applied to
     undone, plus RECOVERY_S; to the end when it was never undone), and the first `settle`
     of every membership a surviving run re-formed into (`history` after its first epoch):
