@@ -147,7 +147,6 @@ class Engine:
         self.counters = counters  # callable(peer_node, sent_bytes, received_bytes, nic=-1)
         self.options = channel_options(window_bytes)
         self.pacer = Pacer(link_rate)
-        self.stale: frozenset[int] = frozenset()  # earlier runs' connections to our peers (pacing.py)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
         self.changed = asyncio.Condition()
@@ -170,7 +169,7 @@ class Engine:
                 [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in self.plans]:
             raise ValueError("the new plan's transfers differ from the configured ones")
         self.plans = plans
-        self.pacer = Pacer(link_rate, self.stale)
+        self.pacer = Pacer(link_rate, self.pacer.stale)
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:
@@ -301,8 +300,7 @@ class Engine:
         in time is left to the first send to it, which reports it."""
         targets = {self._target(send) for plan in self.plans for step in plan.steps for send in step.sends}
         # before our own channels exist: whatever leads to these peers now is not this run's
-        self.stale |= connected(targets - set(self.stubs))
-        self.pacer.stale = self.stale
+        self.pacer.stale |= connected(targets - set(self.stubs))
         for target in targets:
             self._push(target)
         try:
