@@ -45,8 +45,11 @@ class Rejoiner:
         self.threads: list[threading.Thread] = []
 
     def __call__(self, dead: set[str]) -> list[Endpoint]:
+        """Endpoints of dead servers whose agents are deployed again, each handed over once: a
+        server that dies again after it rejoined needs a new deploy, not the dead agent's
+        endpoint (which the run would take back, lose and take back, over and over)."""
         with self.lock:
-            for node in [n for n in self.ready if n not in dead]:  # taken back by the run: used
+            for node in [n for n in self.ready if n not in dead]:  # no longer dead: not needed
                 del self.ready[node]
             now = time.monotonic()
             if now - self.looked >= LOOK_EVERY_S:
@@ -60,7 +63,7 @@ class Rejoiner:
                                                   daemon=True)
                         self.threads.append(thread)
                         thread.start()
-            return [e for n, e in self.ready.items() if n in dead]
+            return [self.ready.pop(n) for n in list(self.ready) if n in dead]
 
     def _deploy(self, node: str) -> None:
         """`testbed deploy` in a process of its own: Ansible forks, and a fork of this process

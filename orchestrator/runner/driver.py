@@ -41,6 +41,11 @@ log = logging.getLogger("testbed.driver")
 
 CONTROL_SERVICE = "testbed.Control"  # its name in the standard health check
 BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message_length", 256 * 2**20)]
+# Channels with equal options share one connection per address process-wide, and its reconnect
+# backoff with it: while a crashed server was down, the experiment's iteration watcher kept
+# failing to reach it, and a fresh channel to its restarted agent then failed at once with
+# UNAVAILABLE until that backoff (seconds, growing) ran out. Each channel connects on its own.
+CONTROL_OPTIONS = [*BIG, ("grpc.use_local_subchannel_pool", 1)]
 
 
 class RunError(TestbedError):
@@ -103,7 +108,7 @@ class _Token(grpc.UnaryUnaryClientInterceptor):
 
 def control_channel(endpoint: Endpoint) -> grpc.Channel:
     """A channel to an agent's Control whose calls carry its token (if it has one)."""
-    channel = grpc.insecure_channel(endpoint.control, options=BIG)
+    channel = grpc.insecure_channel(endpoint.control, options=CONTROL_OPTIONS)
     return grpc.intercept_channel(channel, _Token(endpoint.token)) if endpoint.token else channel
 
 
@@ -242,7 +247,7 @@ def run(
     `survive`: instead of failing, drop the servers that stopped answering, re-form the
     algorithm over the survivors (collectives/membership.py) and go on from the iteration
     that failed, redone from the parameters the survivors hold; `rejoin(dead nodes)`, polled
-    meanwhile, returns endpoints of dead servers whose agents are back, which join at the
+    meanwhile, returns endpoints of dead servers whose agents are back (each once), which join at the
     next iteration boundary with the current parameters. The result's `history` says who
     contributed when; runner/checker.py checks it. A server whose agent answers but that no
     data reaches or leaves (a partition, its only path down) is dropped too, once
@@ -443,7 +448,8 @@ class _Survivor:
         """Polled while an attempt runs: are dead servers back? (then it stops for them)"""
         if self.rejoin is None or not self.dead:
             return False
-        self.back = [e for e in self.rejoin(set(self.dead)) if e.node in self.dead]
+        got = [e for e in self.rejoin(set(self.dead)) if e.node in self.dead]
+        self.back = list({e.node: e for e in [*self.back, *got]}.values())  # handed over once: kept till used
         return bool(self.back)
 
     def _recover(self, live: list[Endpoint], collected: dict[str, list], failure: Exception, done: int,

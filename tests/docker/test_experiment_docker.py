@@ -110,8 +110,9 @@ def test_a_crashed_container_rejoins_the_run_it_was_dropped_from(tmp_path, image
     assert done.returncode == 0, done.stderr[-2000:]
     assert "did not deploy" not in done.stderr + done.stdout, done.stderr[-2000:]
     [point] = json.loads((out / "results.json").read_text())["points"]
+    assert point["status"] == "done", point.get("error")
     reasons = [epoch["reason"] for epoch in point["history"]]
-    assert point["status"] == "done" and len(reasons) == 3, point["history"]
+    assert len(reasons) == 3, point["history"]
     assert reasons[1].startswith("h01 lost") and reasons[2] == "h01 rejoined", reasons
     assert point["checker"]["clean"] is True and point["checker"]["lost"] == 0, point["checker"]
     h01 = sorted(r["iteration"] for r in point["records"] if r["node"] == "h01")
