@@ -25,7 +25,7 @@ from typing import Callable, Collection, Sequence
 from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel, nft
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
-from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, LabPlan, choose_mgmt_subnet
+from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
 from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Link, Topology, from_lab, reroute
@@ -387,7 +387,7 @@ class Lab:
             kernel.delete_namespace(space)
             kernel.attach_namespace(space, pid)
             # before the interfaces arrive: they take the namespace's defaults (rp_filter, RPS)
-            kernel.in_namespaces([space], lambda _: kernel.write_sysctls(self.plan.sysctls(server), OPTIONAL_SYSCTLS))
+            kernel.in_namespaces([space], lambda _: kernel.write_sysctls(self.sysctls(server), OPTIONAL_SYSCTLS))
             kernel.move_links(old, space, moving, pid)
         builder = _Builder(self, _quiet)
         try:
@@ -412,6 +412,13 @@ class Lab:
         """nft scripts in nodes' own namespaces (one transaction each; never the host's)."""
         by_ns = {self.namespace(node): script for node, script in scripts.items()}
         kernel.in_namespaces(by_ns, lambda space: nft.run(by_ns[space], space))
+
+    def sysctls(self, node: str) -> dict[str, str]:
+        """The node's sysctls: its plan's, and on a server what its TCP does after idle."""
+        values = self.plan.sysctls(node)
+        if self.topology.nodes[node].is_server:
+            values[SLOW_START_AFTER_IDLE] = str(int(self.spec.servers.tcp_slow_start_after_idle))
+        return values
 
     def route_metrics(self, node: str) -> kernel.RouteMetrics | None:
         """What a node's data routes tell TCP (congestion control, initial windows): servers'
@@ -522,7 +529,7 @@ class _Builder:
         docker_engine.run_containers(specs, on_started=attached)
 
     def sysctls(self) -> None:
-        by_namespace = {self.plan.namespaces[n]: self.plan.sysctls(n) for n in self.topology.nodes}
+        by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.topology.nodes}
         kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns], OPTIONAL_SYSCTLS))
         for ns in by_namespace:
             kernel.set_up(self.nl, ns, "lo")

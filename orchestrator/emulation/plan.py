@@ -54,6 +54,7 @@ BASE_SYSCTLS = {
 # afterwards; kernels before 6.2 lack the setting (written only where present).
 RPS_DEFAULT_MASK = "net.core.rps_default_mask"
 OPTIONAL_SYSCTLS = frozenset({RPS_DEFAULT_MASK})
+SLOW_START_AFTER_IDLE = "net.ipv4.tcp_slow_start_after_idle"  # servers': spec.servers.tcp_slow_start_after_idle
 
 
 def cpu_mask(cpus: int) -> str:

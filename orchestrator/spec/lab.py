@@ -263,6 +263,18 @@ class ServersSpec(_Strict):
                     "(null: the kernel's own, 10)",
     )
 
+    # Off, as in many data centers' hosts: a connection idle for longer than its RTO restarts
+    # from its initial window otherwise (Linux's default, RFC 2861), and behind an emulated
+    # link's queue its round trips are long, so every step of an algorithm whose partner
+    # changes from step to step began in slow start (halving-doubling on star,8 at 200 Mbit:
+    # 1.24-1.26 × the model's time with it on, 1.10-1.11 off; its 512 KiB chunks arriving at
+    # half the link's rate in a step's first 200 ms).
+    tcp_slow_start_after_idle: bool = Field(
+        default=False,
+        description="whether the servers' TCP restarts an idle connection from its initial window "
+                    "(net.ipv4.tcp_slow_start_after_idle)",
+    )
+
     @field_validator("cpus", mode="before")
     @classmethod
     def _not_bool(cls, value: Any) -> Any:

@@ -260,16 +260,20 @@ def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):
             assert masks and all(int(m.replace(",", ""), 16) == expected for m in masks), (node, iface, masks)
 
 
-@pytest.mark.parametrize("congestion, initcwnd", [(None, "default"), ("reno", 20), (None, None)])
+@pytest.mark.parametrize("congestion, initcwnd, after_idle", [(None, "default", None), ("reno", 20, True),
+                                                              (None, None, False)])
 def test_servers_connections_use_the_labs_tcp_settings_after_a_link_flap_too(make_lab, tmp_path, congestion,
-                                                                              initcwnd):
+                                                                              initcwnd, after_idle):
     servers = {"runtime": "netns"} | ({"tcp_congestion": congestion} if congestion else {})
     servers |= {} if initcwnd == "default" else {"initcwnd": initcwnd}  # None: the kernel's own
+    servers |= {} if after_idle is None else {"tcp_slow_start_after_idle": after_idle}
     lab_file = tmp_path / "lab.yaml"
     lab_file.write_text(json.dumps({"name": "tcp-settings", "topology": {"kind": "bcube", "n": 2, "k": 1},
                                     "servers": servers}))
     lab = make_lab(str(lab_file))
     expected = congestion or "cubic"  # pinned by default, whatever the host's default is
+    sysctl = ["sysctl", "-n", "net.ipv4.tcp_slow_start_after_idle"]
+    assert [lab.exec(n, sysctl).stdout.strip() for n in ("h00", "h11")] == ["1" if after_idle else "0"] * 2
     lab.set_link("h00", "l0s0", False)
     lab.set_link("h00", "l0s0", True)
     window = 100 if initcwnd == "default" else initcwnd

@@ -72,6 +72,7 @@ def test_minimal_file_gets_documented_defaults(tmp_path):
     assert lab.servers.cpus is None
     assert lab.servers.memory is None
     assert lab.servers.tcp_congestion == "cubic"
+    assert lab.servers.initcwnd == 100 and lab.servers.tcp_slow_start_after_idle is False
     assert lab.rdma == "none"
     assert lab.management.subnet == "auto"
     assert lab.addressing.data == ipaddress.IPv4Network("10.0.0.0/8")
@@ -195,6 +196,8 @@ BAD = [
     ("unknown-links-key", with_(links={"bandwith": "1Gbit"}), "links.bandwith",
      ["unknown", "did you mean 'bandwidth'"]),
     ("tcp-congestion-not-a-name", with_(servers={"tcp_congestion": "cubic; rm"}), "servers.tcp_congestion", []),
+    ("slow-start-not-a-bool", with_(servers={"tcp_slow_start_after_idle": "sometimes"}),
+     "servers.tcp_slow_start_after_idle", []),
     ("unknown-servers-key", with_(servers={"runtme": "docker"}), "servers.runtme",
      ["unknown", "did you mean 'runtime'"]),
     ("unknown-topology-key", with_(topology={"kind": "bcube", "n": 4, "k": 1, "m": 3}),
