@@ -304,6 +304,15 @@ def test_bml_one_failure_cost(topo):
         assert max(nic_bytes(schedule).values()) / (length * ITEM) == pytest.approx(1.0)
 
 
+def test_bml_failed_given_as_text_names_servers(topo):
+    """`-o failed=h11` (and `failed=h00,h33` on one switch) names servers, not a string's letters."""
+    t = topo("bcube", n=4, k=1)
+    assert bml.build(context(t, failed="h11"), 480).meta["failed"] == \
+        bml.build(context(t, failed=["h11"]), 480).meta["failed"]
+    star = topo("bcube", n=4, k=0)
+    assert len(bml.build(context(star, failed="h0, h2"), 480).meta["failed"]) == 2
+
+
 @pytest.mark.parametrize(
     "n,k,failed",
     [(4, 1, ["h00", "h11"]), (3, 2, ["h000", "h011"]), (2, 2, ["h000", "h001"]), (3, 0, ["h0", "h1", "h2"]),

@@ -100,7 +100,10 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
     length = size - offset if length is None else length
     topology, ranks = topology_ranks(ctx, "bml", ("bcube",))
     coords, n, h = level_coords(topology, ranks)
-    failed_names = list(ctx.option("failed", []) or [])
+    failed_names = ctx.option("failed", []) or []
+    if isinstance(failed_names, str):  # `-o failed=h11,h22`: names, not a string's letters
+        failed_names = [name.strip() for name in failed_names.split(",") if name.strip()]
+    failed_names = list(failed_names)
     unknown = [name for name in failed_names if name not in ranks]
     if unknown:
         raise ValueError(f"bml: failed servers {', '.join(map(str, unknown))} are not in this bcube")
