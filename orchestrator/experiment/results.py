@@ -173,14 +173,18 @@ def _predicted_at(iteration: int, history: list[dict], predicted: float | None) 
     return found
 
 
+def _after_warmup(values: list[float], warmup: int) -> list[float]:
+    """The timed iterations: those after the warm-up, or all when the run was no longer."""
+    return values[warmup:] if len(values) > warmup else values
+
+
 def measured_point(point: dict, records: list[dict], gst: list[float], warmup: int, workers: int) -> dict:
     """The measured fields of a point from its agents' records and per-iteration GST. The
     ratio is the time per synchronisation (`sync_times`) over the prediction (a fault-free
     network's, for the membership of the iteration); it leaves out the iterations a fault of
     the timeline touched, and a re-formed membership's first (as many as the warm-up, at
     least one); the GST statistics keep every measured iteration."""
-    timed = gst[warmup:] if len(gst) > warmup else gst
-    stats = summary(timed)
+    stats = summary(_after_warmup(gst, warmup))
     size = point["size_bytes"]
     mean = stats["mean"]
     algbw = size / mean if mean else None
@@ -200,7 +204,7 @@ def measured_point(point: dict, records: list[dict], gst: list[float], warmup: i
     expected = [_predicted_at(i, point.get("history") or [], predicted) for i in kept_sync]
     return {
         "gst_s": {**stats, "per_iteration": gst, "fault_free_mean": fault_free(gst, kept)},
-        "sync_s": {**summary(sync[warmup:] if len(sync) > warmup else sync), "per_iteration": sync,
+        "sync_s": {**summary(_after_warmup(sync, warmup)), "per_iteration": sync,
                    "fault_free_mean": fault_free(sync, kept_sync)},
         "faulted_iterations": faulted,
         "ratio": sum(sync[i] for i in kept_sync) / sum(expected) if kept_sync and all(expected) else None,
