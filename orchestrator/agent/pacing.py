@@ -8,8 +8,12 @@ plain kernel sockets (no agent) on `bcube,4,1` at 20 Mbit, HiPS's first step (ea
 sending to 3 peers and receiving from 3, 6.24 MB each): the last receiver finished at 1.30
 to 1.39 × the fluid time; with every connection paced at a third of the link
 (SO_MAX_PACING_RATE), at 1.014 to 1.017. The orchestrator computes each transfer's share
-(cost/shares.py); the agent sets the connection's pacing rate to the sum of the shares of
-the transfers it is writing, and lifts it when one of them has the link to itself.
+(cost/shares.py): its connection's share. The agent paces the connection at the largest
+share among the transfers it is writing (they belong to steps that overlap), and lifts the
+limit when one of them has the link to itself. Summing per-transfer parts instead, as this
+did, slowed a connection as its shorter transfers ended: BML with a failed server sends a
+relay's chunk in two pieces and a detoured block beside a regular chunk on one connection,
+and ran at 1.43 × the model's time (bcube,4,1, 100 Mbit, bench/faults.py --bml-only).
 
 gRPC does not hand out its sockets, so the connection's socket is found among the process's
 descriptors by its peer address; it is only ever wrapped and detached, never closed, and
@@ -115,7 +119,7 @@ class Pacer:
         self.stale = stale  # socket inodes of connections that are not this run's
         self.active: dict[str, dict[object, float]] = {}  # target → {transfer key: share}
         self.fds: dict[str, int] = {}
-        self.applied: dict[str, tuple[int, int]] = {}  # target → (descriptor, rate) last set
+        self.applied: dict[str, tuple[int, int | None, int]] = {}  # target → (descriptor, inode, rate) last set
 
     def begin(self, target: str, key: object, share: float) -> None:
         if self.link_rate:
@@ -127,9 +131,8 @@ class Pacer:
             self._apply(target)
 
     def _apply(self, target: str) -> None:
-        shares = self.active[target].values()
-        total = sum(shares)
-        rate = UNPACED if total >= 1 else int(total * SLACK * self.link_rate)
+        share = max(self.active[target].values())
+        rate = UNPACED if share >= 1 else int(share * SLACK * self.link_rate)
         host, port = target.rsplit(":", 1)
         fd = self.fds.get(target)
         if fd is None or _peer_of(fd) != (host, int(port)):  # checked every time: gRPC may reconnect
@@ -138,11 +141,13 @@ class Pacer:
                 self.fds.pop(target, None)
                 return
             self.fds[target] = fd
-        if self.applied.get(target) == (fd, rate):
+        # the socket's inode as well: a reconnected socket may reuse the descriptor's number
+        applied = (fd, _inode(fd), rate)
+        if self.applied.get(target) == applied:
             return
         try:
             _set(fd, rate)
         except OSError:  # the connection closed under us: gRPC reconnects, we find it then
             self.fds.pop(target, None)
             return
-        self.applied[target] = (fd, rate)
+        self.applied[target] = applied

@@ -5,8 +5,10 @@ one gRPC connection) share every link direction max-min fairly (fairness.py). A 
 transfers run at once in a schedule that keeps its ranks in step, so that allocation is
 the rate each connection gets in the simulation while the step lasts; the agents pace at
 it (agent/pacing.py), and the network then carries what the model assumed instead of
-TCP's uneven split across two bottlenecks. A connection with several transfers in a step
-splits its share evenly among them.
+TCP's uneven split across two bottlenecks. Every transfer carries its connection's share:
+the simulation gives a connection its rate while any of its transfers can send (they split
+it among themselves), so the agent paces the connection at that rate while it writes any
+of them, not at the sum of per-transfer parts that shrinks as the shorter ones end.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ ShareKey = tuple[int, int, Transfer]  # (partition index, step, transfer)
 
 def fair_shares(routes: Routes, schedules: Sequence[tuple[Partition, Schedule]],
                 nodes: Sequence[str]) -> dict[ShareKey, float]:
-    """{(partition index, step, transfer): share of a link in (0, 1]} for every transfer
-    between two different servers; rank r sits on `nodes[r]`."""
+    """{(partition index, step, transfer): its connection's share of a link, in (0, 1]} for
+    every transfer between two different servers; rank r sits on `nodes[r]`."""
     shares: dict[ShareKey, float] = {}
     for index, (_, schedule) in enumerate(schedules):
         for step_no, step in enumerate(schedule.steps):
@@ -40,5 +42,5 @@ def fair_shares(routes: Routes, schedules: Sequence[tuple[Partition, Schedule]],
             keys = list(connections)
             for key, rate in zip(keys, max_min_rates([usage[k] for k in keys], 1.0)):
                 for transfer in connections[key]:
-                    shares[(index, step_no, transfer)] = min(1.0, rate / len(connections[key]))
+                    shares[(index, step_no, transfer)] = min(1.0, rate)
     return shares

@@ -63,13 +63,17 @@ def test_a_hand_worked_step():
     assert shares[(0, 1, Transfer(2, 3, 0, 10, "copy"))] == 1.0
 
 
-def test_two_transfers_on_one_connection_split_its_share():
+def test_transfers_on_one_connection_each_carry_its_share():
+    """h0 writes two transfers to h1 on one connection and h2 one: h1's downlink is split
+    between the two connections, and both of h0's transfers carry its connection's half
+    (the agent paces the connection at it while it writes either, pacing.py)."""
     topology = make_topology("star", servers=3)
     schedule = Schedule("hand", 3, 100)
-    pair = [Transfer(0, 1, 0, 10, "reduce"), Transfer(0, 1, 50, 10, "copy")]
-    schedule.add_step(pair)
+    pair = [Transfer(0, 1, 0, 10, "reduce"), Transfer(0, 1, 50, 30, "copy")]
+    schedule.add_step(pair + [Transfer(2, 1, 20, 10, "reduce")])
     shares = fair_shares(Routes(topology), [(Partition(0, 0, 100), schedule)], [s.name for s in topology.servers])
     assert [shares[(0, 0, t)] for t in pair] == [0.5, 0.5]
+    assert shares[(0, 0, Transfer(2, 1, 20, 10, "reduce"))] == 0.5
 
 
 def test_plans_carry_shares_and_the_link_rate_only_when_paced():

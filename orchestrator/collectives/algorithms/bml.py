@@ -4,11 +4,16 @@ Notation: BML's BCube(n, k) has k levels; ours (Guo et al.) is `bcube n k` with 
 levels and N = n^h servers, so BML's k is our h and BML's BCube(4, 2) is our `bcube 4 1`.
 
 Sets and ownership (`owners`). The range is cut into h set groups (`chunks(offset, length,
-h)`); group g is cut into one set per live server (`chunks(group, N_live)`). Group g visits
-the levels g, g+1, …, g+h−1 (mod h); order the live servers by their digits read in that
-order, a_g most significant (the key a_g, a_(g+1), …): set j of group g belongs to the j-th
-server in that order. With no failure, server a owns set Σ_s a_((g+s) mod h)·n^(h−1−s) of
-group g: h·N sets in all (BCube(4,2) in BML notation: 2·16 = 32 sets of length/32).
+h)`); group g is cut into one set per live server. Group g visits the levels g, g+1, …,
+g+h−1 (mod h); order the live servers by their digits read in that order, a_g most
+significant (the key a_g, a_(g+1), …): set j of group g belongs to the j-th server in that
+order. The cut is nested (`_nested`): equal parts for the values of the key's first digit,
+each part cut equally for the next digit's values, and so on. With no failure that is an
+equal cut: server a owns set Σ_s a_((g+s) mod h)·n^(h−1−s) of group g, h·N sets in all
+(BCube(4,2) in BML notation: 2·16 = 32 sets of length/32). With a failed server its set
+goes to its siblings of the last level, so every switch group still aggregates equal
+chunks at every stage, the detoured chunk included (equal sets, N−f per group, left the
+failed server's chunk one set short and every other one a set long).
 
 Schedule. Aggregation step s of group g works at level L = (g+s) mod h: in each level-L
 switch group the members share the digits of the levels already visited, hence the same
@@ -20,25 +25,35 @@ NIC works in every step: h aggregation steps, then h broadcast steps that revers
 2(N−1)/(h·N)·w (w = length·itemsize, length divisible by h·N): GST = 2(N−1)/N · P/(h·B).
 
 Failures (option `failed`: server names). Failed servers neither contribute nor receive:
-no transfer touches them and they own no set (the live servers share each group in
-N−f sets). A failed server d would have aggregated, at each step s < h−1 of each group, the
-chunk of its own digit in its level-L_s switch group and relayed it onward. Instead, before
-that step, every live switch peer x of d (x = d with digit L_s changed) folds its share of
-that chunk away: the sets whose owners first differ from d at a later level L_j with digit w
-go to x'' = x with digit L_j set to w (one hop, nic L_j), which adds them into what it sends
-in the regular step to y = d with digit L_j set to w — the detour x → x'' → y around the dead
-relay through a same-switch peer (REFERENCE's 2→6→5). The broadcast unfolds the same way in
-reverse (x'' copies the blocks back to x after the regular step). This costs one extra step
-per stage below the last (2h + 2(h−1) steps) and moves each folded block one more hop.
-Measured with one failure (w = P, any failed server): our bcube 4 1 (BML's BCube(4,2)) has
-its busiest NIC send 1.000·w (healthy 0.9375·w; REFERENCE's paper figure 16/15·T), but the
-fold steps sit between the regular ones, so summing each step's busiest NIC gives 1.2·w/B;
-bcube 4 2: 0.730·w busiest NIC, 0.825·w/B step by step (healthy 0.656). This is our own
-reconstruction, not the paper's exact scheme: a tested approximation with exact sums and
-one-switch transfers. Supported: on one switch (k = 0) any failures that leave a server
-alive; otherwise failed servers must differ in at least 3 digits from each other, so that
-no fold source, relay or target is itself dead and folds of different failures never meet
-(with h ≤ 2 this means one failure). Other failure sets raise ValueError.
+no transfer touches them and they own no set. A failed server d would have aggregated, at
+each stage s < h−1 of each group, the chunk of its own digit in its level-L_s switch group
+and passed it on; each block B of that chunk that d would pass on at a later level L_j with
+digit w is detoured to y = d with digit L_j set to w through a same-switch peer
+(REFERENCE's 2→6→5), in one of two ways:
+- fold (h ≥ 3, or n = 2): before stage s, every live L_s peer x of d sends its share of B
+  to x'' = x with L_j = w (nic L_j), which adds it into what it sends to y in stage s. One
+  step more per stage below the last, and in the broadcast x'' copies B back to x after
+  the regular step.
+- aggregate (h = 2, n ≥ 3): within stage s the peers send their shares of B to one of
+  them, a (nic L_s: the NIC a fold leaves idle while the other group's stage-s mesh fills
+  the fold's); with stage s+1, a sends the sum to r = a with L_j = w (nic L_j); after it, r
+  sends it on to y (nic L_s), r having held its own share of B back from its stage-s send
+  to y so that it counts once. Block i of d's chunk goes to peer i+g, so the two groups'
+  relays differ. One step more in each phase.
+The broadcast is the aggregation reversed, transfer by transfer.
+Measured in the model (`testbed predict`, 100 Mbit, the slowest over every failed server
+and 10-12.5 MB), time per allreduce in w/B (w = length·itemsize): bcube 4 1 (BML's
+BCube(4,2); healthy 0.9375, REFERENCE's figure with one failure 16/15) 1.200 with folds and
+equal sets, 1.188 folds and nested sets, 1.135 aggregate and nested sets; bcube 3 1 1.250 →
+1.123; bcube 5 1 1.167 → 1.125; bcube 2 1 (fold) 1.262 → 1.210; bcube 3 2 (fold) 0.872 →
+0.864 (aggregating there: 0.874-0.932). The fold steps sit between the regular ones, which
+is what aggregating within them avoids; bcube 4 1's busiest NIC sends 47/48·w (folds: 1.0).
+This is our own reconstruction, not the paper's exact scheme: a tested approximation with
+exact sums and one-switch transfers. Supported: on one switch (k = 0) any failures that
+leave a server alive; otherwise failed servers must differ in at least 3 digits from each
+other, so that no detour's source, relay or target is itself dead and detours of different
+failures never meet (with h ≤ 2 this means one failure). Other failure sets raise
+ValueError.
 """
 
 from __future__ import annotations
@@ -57,7 +72,7 @@ class _Sets:
     def __init__(self, start: int, count: int, order: list[tuple[Coords, int]]) -> None:
         # order: (key, rank) of the live servers, sorted by key
         self.owners = [rank for _, rank in order]
-        self.ranges = chunks(start, count, len(order)) if order else []
+        self.ranges = _nested(start, count, [key for key, _ in order], 0)
         self.span: dict[Coords, tuple[int, int]] = {}
         for j, (key, _) in enumerate(order):
             for depth in range(len(key) + 1):
@@ -71,6 +86,23 @@ class _Sets:
         first, last = self.span[prefix]
         offset = self.ranges[first][0]
         return offset, self.ranges[last - 1][0] + self.ranges[last - 1][1] - offset
+
+
+def _nested(start: int, count: int, keys: list[Coords], depth: int) -> list[tuple[int, int]]:
+    """Ranges of the sets of `keys` (sorted): the range is cut equally among the values of
+    digit `depth` present, each part among the next digit's, and so on. With every server
+    alive that is an equal cut; with one dead, its set goes to its last-level siblings, so
+    that every switch group still aggregates equal chunks at every stage (the detoured
+    chunk included), which is what keeps the busiest NICs balanced step by step."""
+    if not keys:
+        return []
+    if depth == len(keys[0]) or len(keys) == 1:
+        return chunks(start, count, len(keys))
+    values = sorted({key[depth] for key in keys})
+    out = []
+    for value, (offset, length) in zip(values, chunks(start, count, len(values))):
+        out += _nested(offset, length, [key for key in keys if key[depth] == value], depth + 1)
+    return out
 
 
 def _key(c: Coords, g: int, h: int) -> Coords:
@@ -121,13 +153,46 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
     ]
     schedule = Schedule(
         "bml", ctx.workers, size, workers=tuple(live),
-        meta={"owners": [sets.owners for sets in groups], "failed": tuple(dead), "aggregation_steps": 0},
+        meta={"owners": [sets.owners for sets in groups], "sets": [sets.ranges for sets in groups],
+              "failed": tuple(dead), "aggregation_steps": 0},
     )
     if len(live) < 2:
         return schedule
 
-    def mesh(stage: int, op: str) -> list[Transfer]:
-        """Aggregation (reduce to owners) or broadcast (copy from owners) of one stage."""
+    # Detours around each failed server d (the module docstring's two kinds), by slot: slot
+    # 2s runs before stage s's mesh, slot 2s+1 with it; slots past the last stage's follow.
+    detours: dict[int, list[Transfer]] = {}
+    held: dict[tuple[int, int, int], list[tuple[int, int]]] = {}  # (stage, r, y) → blocks r holds back
+    aggregate = h == 2 and n >= 3
+    for g, sets in enumerate(groups):
+        levels = [(g + s) % h for s in range(h)]
+        for d in dead:
+            key = _key(coords[d], g, h)
+            for stage in range(h - 1):
+                level = levels[stage]
+                peers = [with_coord(coords[d], level, u) for u in range(n) if u != coords[d][level]]
+                blocks = [(j, w) for j in range(stage + 1, h) for w in range(n) if w != key[j]]
+                for i, (j, w) in enumerate(blocks):
+                    offset, count = sets.range(key[:j] + (w,))
+                    if not aggregate:  # fold: x → x'' before the stage, x'' → y within it
+                        for x in peers:
+                            relay = index[with_coord(x, levels[j], w)]
+                            detours.setdefault(2 * stage, []).append(
+                                Transfer(index[x], relay, offset, count, "reduce", levels[j]))
+                        continue
+                    # aggregate: x → a with the stage, a → r with the next, r → y after it.
+                    # Block i goes to peer i + g: the two groups' relays differ.
+                    a = peers[(i + g) % len(peers)]
+                    r = index[with_coord(a, levels[j], w)]
+                    y = index[with_coord(coords[d], levels[j], w)]
+                    detours.setdefault(2 * stage + 1, []).extend(
+                        Transfer(index[x], index[a], offset, count, "reduce", level) for x in peers if x != a)
+                    detours.setdefault(2 * stage + 3, []).append(Transfer(index[a], r, offset, count, "reduce", levels[j]))
+                    detours.setdefault(2 * stage + 5, []).append(Transfer(r, y, offset, count, "reduce", level))
+                    held.setdefault((stage, r, y), []).append((offset, count))
+
+    def mesh(stage: int) -> list[Transfer]:
+        """Aggregation (reduce to owners) of one stage, less the blocks relays hold back."""
         out = []
         for g, sets in enumerate(groups):
             level = (g + stage) % h
@@ -136,41 +201,34 @@ def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -
                 prefix = _key(c, g, h)[:stage]
                 for v, owner in enumerate(members):
                     if owner not in alive:
-                        continue  # its chunk was folded away
+                        continue  # its chunk is detoured
                     chunk = sets.range(prefix + (v,))
                     for other in members:
                         if other != owner and other in alive:
-                            src, dst = (other, owner) if op == "reduce" else (owner, other)
-                            out.append(Transfer(src, dst, *chunk, op, level))
+                            for offset, count in _without(chunk, held.get((stage, other, owner), [])):
+                                out.append(Transfer(other, owner, offset, count, "reduce", level))
         return out
 
-    def folds(stage: int, op: str) -> list[Transfer]:
-        """Detours around each failed server's chunk at `stage`: x → x'' (reduce) before the
-        aggregation step, x'' → x (copy) after the broadcast step."""
-        out = []
-        for g, sets in enumerate(groups):
-            levels = [(g + s) % h for s in range(h)]
-            for d in dead:
-                key = _key(coords[d], g, h)
-                for u in range(n):
-                    if u == coords[d][levels[stage]]:
-                        continue
-                    x = with_coord(coords[d], levels[stage], u)
-                    for j in range(stage + 1, h):
-                        for w in range(n):
-                            if w == key[j]:
-                                continue
-                            block = sets.range(key[:j] + (w,))
-                            relay = index[with_coord(x, levels[j], w)]
-                            src, dst = (index[x], relay) if op == "reduce" else (relay, index[x])
-                            out.append(Transfer(src, dst, *block, op, levels[j]))
-        return out
-
-    for stage in range(h):
-        schedule.add_step(folds(stage, "reduce"))
-        schedule.add_step(mesh(stage, "reduce"))
+    # The broadcast is the aggregation reversed: the same transfers, copies from the owners,
+    # in the opposite order (empty slots vanish).
+    slots = max(2 * h, max(detours, default=0) + 1)
+    steps = [(mesh(slot // 2) if slot % 2 and slot // 2 < h else []) + detours.get(slot, []) for slot in range(slots)]
+    for step in steps:
+        schedule.add_step(step)
     schedule.meta["aggregation_steps"] = len(schedule.steps)
-    for stage in reversed(range(h)):
-        schedule.add_step(mesh(stage, "copy"))
-        schedule.add_step(folds(stage, "copy"))
+    for step in reversed(steps):
+        schedule.add_step(Transfer(t.dst, t.src, t.offset, t.length, "copy", t.nic) for t in step)
     return schedule
+
+
+def _without(chunk: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) pieces of `chunk` outside the `holes` (ranges inside it)."""
+    pieces, at = [], chunk[0]
+    for offset, count in sorted(holes):
+        if offset > at:
+            pieces.append((at, offset - at))
+        at = max(at, offset + count)
+    end = chunk[0] + chunk[1]
+    if end > at:
+        pieces.append((at, end - at))
+    return pieces
