@@ -95,11 +95,13 @@ class Agent:
         peers = {
             p.rank: {"address": p.address, "by_nic": dict(p.by_nic), "node": p.node} for p in config.peers
         }
+        chunk_bytes = config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES
+        _set_mmap_threshold(mmap_threshold(chunk_bytes))  # before the buffer: it stays out of the heap
         buffer = np.zeros(config.size, dtype=np.float32)
         self.buffer_bytes = buffer.nbytes
         self.engine = Engine(
             config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
-            config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
+            chunk_bytes, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json),
         )
         # connected before Start: the orchestrator may read the connections' paths in between
@@ -468,7 +470,37 @@ def main(argv: list[str] | None = None) -> None:
                       token, int(settings.get("window") or 0)))
 
 
-def _tune_malloc(arenas: int = 2, mmap_threshold: int = 32 * 2**20, trim_threshold: int = 64 * 2**20) -> None:
+# glibc's mmap threshold per run (see _tune_malloc and mmap_threshold)
+HEAP_MMAP_THRESHOLD = 32 * 2**20
+MANY_STREAMS_CHUNK_BYTES = 256 * 1024  # messages this small: the run streams with many peers
+MANY_STREAMS_MMAP_THRESHOLD = 64 * 1024
+
+
+def mmap_threshold(chunk_bytes: int) -> int:
+    """glibc's mmap threshold for a run with messages of `chunk_bytes`.
+
+    Messages are cut to a budget over a rank's streams (plan.chunk_bytes), so small ones
+    mean many streams at once. Then the heap that serves messages (HEAP_MMAP_THRESHOLD)
+    keeps what they free, fragmented among gRPC's 64 KiB read slices and the run's other
+    allocations, and never gives it back: a mesh of 16 on bcube,4,1 (15 streams each way,
+    128 KiB messages) peaked at 79-82 MiB beyond its gradient, malloc holding 10-17 MB free.
+    Messages and slices mmapped instead (threshold 64 KiB) are returned as they are freed:
+    72-74 MiB, at the same time per allreduce (1.134-1.147 vs 1.128-1.165 × the model);
+    32 KiB saved 1 MiB more for more kernel time, 128 KiB nothing. Few streams with big
+    messages keep the heap: there the kernel time of mmapping every message is what counts."""
+    return MANY_STREAMS_MMAP_THRESHOLD if chunk_bytes <= MANY_STREAMS_CHUNK_BYTES else HEAP_MMAP_THRESHOLD
+
+
+def _set_mmap_threshold(threshold: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+def _tune_malloc(arenas: int = 2, mmap_threshold: int = HEAP_MMAP_THRESHOLD, trim_threshold: int = 64 * 2**20) -> None:
     """glibc malloc, tuned for an agent's traffic.
 
     Arenas: glibc gives every thread that allocates its own arena; gRPC's threads each grow
@@ -478,7 +510,9 @@ def _tune_malloc(arenas: int = 2, mmap_threshold: int = 32 * 2**20, trim_thresho
     of its size (~1 MiB); above glibc's default threshold each one is mmapped, page-faulted
     in, zeroed by the kernel and unmapped again, and a heap trimmed at 128 KiB does the same
     through brk. Served from a heap that keeps up to 64 MiB free, the agents' kernel time in
-    a CPU-bound ring (8 agents, 1 Gbit, 2 cores) fell from ~0.76 to ~0.49 cores."""
+    a CPU-bound ring (8 agents, 1 Gbit, 2 cores) fell from ~0.76 to ~0.49 cores. Each run
+    sets the mmap threshold again for its message size (mmap_threshold): with many streams
+    of small messages the heap's retention costs more than the mmapping."""
     tunables = {-8: arenas, -3: mmap_threshold, -1: trim_threshold}  # M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
     try:
         import ctypes
