@@ -92,6 +92,12 @@ class PartitionPlan:
     steps: list[Step]
 
 
+def peers(plans: list[PartitionPlan]) -> int:
+    """How many other ranks a rank's plan sends to or receives from."""
+    return len({x.dst for p in plans for s in p.steps for x in s.sends}
+               | {x.src for p in plans for s in p.steps for x in s.recvs})
+
+
 def build_rank_plans(schedules, ranks: int, shares: dict | None = None, link_rate: float = 0.0) -> list[str]:
     """JSON plans for ranks 0..ranks-1 from [(Partition, Schedule)] in priority order.
 

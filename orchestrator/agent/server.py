@@ -95,13 +95,13 @@ class Agent:
         peers = {
             p.rank: {"address": p.address, "by_nic": dict(p.by_nic), "node": p.node} for p in config.peers
         }
-        chunk_bytes = config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES
-        _set_mmap_threshold(mmap_threshold(chunk_bytes))  # before the buffer: it stays out of the heap
+        plans = plan_format.parse(config.plan_json)
+        _set_mmap_threshold(mmap_threshold(plan_format.peers(plans)))  # before the buffer: it stays out of the heap
         buffer = np.zeros(config.size, dtype=np.float32)
         self.buffer_bytes = buffer.nbytes
         self.engine = Engine(
-            config.run_id, config.rank, plan_format.parse(config.plan_json), buffer, peers,
-            chunk_bytes, config.credit_bytes, self.metrics.count_bytes,
+            config.run_id, config.rank, plans, buffer, peers,
+            config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json),
         )
         # connected before Start: the orchestrator may read the connections' paths in between
@@ -472,23 +472,25 @@ def main(argv: list[str] | None = None) -> None:
 
 # glibc's mmap threshold per run (see _tune_malloc and mmap_threshold)
 HEAP_MMAP_THRESHOLD = 32 * 2**20
-MANY_STREAMS_CHUNK_BYTES = 256 * 1024  # messages this small: the run streams with many peers
-MANY_STREAMS_MMAP_THRESHOLD = 64 * 1024
+MANY_PEERS = 7  # a rank streaming with this many peers at once
+MANY_PEERS_MMAP_THRESHOLD = 64 * 1024
 
 
-def mmap_threshold(chunk_bytes: int) -> int:
-    """glibc's mmap threshold for a run with messages of `chunk_bytes`.
+def mmap_threshold(peers: int) -> int:
+    """glibc's mmap threshold for a run in which a rank exchanges with `peers` others.
 
-    Messages are cut to a budget over a rank's streams (plan.chunk_bytes), so small ones
-    mean many streams at once. Then the heap that serves messages (HEAP_MMAP_THRESHOLD)
-    keeps what they free, fragmented among gRPC's 64 KiB read slices and the run's other
-    allocations, and never gives it back: a mesh of 16 on bcube,4,1 (15 streams each way,
-    128 KiB messages) peaked at 79-82 MiB beyond its gradient, malloc holding 10-17 MB free.
-    Messages and slices mmapped instead (threshold 64 KiB) are returned as they are freed:
-    72-74 MiB, at the same time per allreduce (1.134-1.147 vs 1.128-1.165 × the model);
-    32 KiB saved 1 MiB more for more kernel time, 128 KiB nothing. Few streams with big
-    messages keep the heap: there the kernel time of mmapping every message is what counts."""
-    return MANY_STREAMS_MMAP_THRESHOLD if chunk_bytes <= MANY_STREAMS_CHUNK_BYTES else HEAP_MMAP_THRESHOLD
+    With many peers the heap that serves messages (HEAP_MMAP_THRESHOLD) keeps what they
+    free, fragmented among gRPC's 64 KiB read slices and the run's other allocations, and
+    never gives it back: a mesh of 16 on bcube,4,1 (15 peers, 128 KiB messages) peaked at
+    79-82 MiB beyond its gradient, malloc holding 10-17 MB free. Messages and slices
+    mmapped instead (threshold 64 KiB) are returned as they are freed: 72-74 MiB, at the
+    same time per allreduce (1.134-1.147 vs 1.128-1.165 × the model); 32 KiB saved 1 MiB
+    more for more kernel time, 128 KiB nothing. With few peers the heap stays: mmapping
+    every message costs kernel time, and BML on bcube,4,1 (6 peers, 256 KiB messages, 73
+    MiB either way) went from 43-51 % CPU idle to 22-35 % and from 1.112-1.120 to
+    1.121-1.131 × its closed form with it. Seven peers (a mesh or colocated PS on 8) were
+    at 75-77 MiB on the heap, 71 mmapped."""
+    return MANY_PEERS_MMAP_THRESHOLD if peers >= MANY_PEERS else HEAP_MMAP_THRESHOLD
 
 
 def _set_mmap_threshold(threshold: int) -> None:

@@ -195,22 +195,25 @@ KIB = 1024
 
 
 def test_a_run_of_small_messages_gives_freed_messages_back():
-    """Many streams of small messages (a 16-rank mesh's): what they free goes back to the
-    system even among messages still held; big messages keep the heap (the test above)."""
+    """A rank with many peers (a 16-rank mesh's): what its messages free goes back to the
+    system even among messages still held; with few (a ring's) the heap keeps it (the test
+    above says why)."""
     measure = (
         "server._tune_malloc()\n"
-        "server._set_mmap_threshold(server.mmap_threshold({chunk}))\n"
+        "server._set_mmap_threshold(server.mmap_threshold({peers}))\n"
         "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
         "before = rss()\n"
         "held = [bytearray(128 * 1024) for _ in range(200)]\n"
         "kept = held[::10]; del held\n"
         "print(rss() - before)\n"
     )
-    mesh = registry.schedules("mesh", Context(16), 10_000, partitions([10_000], None))
-    small = plan_format.chunk_bytes(mesh)
-    ring = plan_format.chunk_bytes(registry.schedules("ring", Context(8), 10_000, partitions([10_000], None)))
-    retained_small = int(_agent_process(measure.format(chunk=small), {}))
-    retained_heap = int(_agent_process(measure.format(chunk=ring), {}))
+    def rank_peers(algorithm: str, workers: int) -> int:
+        schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], None))
+        return plan_format.peers(plan_format.parse(plan_format.build_rank_plans(schedules, workers)[0]))
+
+    assert rank_peers("mesh", 16) == 15 and rank_peers("ring", 8) == 2
+    retained_small = int(_agent_process(measure.format(peers=rank_peers("mesh", 16)), {}))
+    retained_heap = int(_agent_process(measure.format(peers=rank_peers("ring", 8)), {}))
     assert retained_heap > 200 * 128 * KIB * 0.8  # 25 MiB freed but kept by the heap
     assert retained_small < retained_heap / 4
 
