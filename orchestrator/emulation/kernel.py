@@ -70,10 +70,19 @@ def pyroute2() -> SimpleNamespace:
     return _pyroute2
 
 # Super-packets a lab's veths accept (BIG TCP). With 64 KiB ones (the default) the kernel's
-# per-packet work was ~a third of a CPU-bound ring's CPU (8 agents on 2 cores); with these
-# the machine went from ~90 % to ~72 % busy. 512 KiB ones were slower. Qdiscs still charge
-# every MTU-sized segment's headers, so shaped rates are unchanged.
-BIG_GSO_BYTES = 256 * 1024
+# per-packet work was ~a third of a CPU-bound ring's CPU (8 agents on 2 cores); with 256 KiB
+# ones the machine went from ~90 % to ~72 % busy; 512 KiB ones were slower. Qdiscs still
+# charge every MTU-sized segment's headers, so shaped rates are unchanged.
+# But a super-packet is also a burst: on paths under 512 µs (tcp_tso_rtt_log) Linux sizes
+# them up to this limit whatever the connection's pacing rate, so a flow paced at 1/12 of
+# 100 Mbit sent 256 KiB at once every quarter second. Twelve of them on a link queued MBs
+# (pfifo backlogs of 2 MB in 9-17 packets, RTTs of 0.1-0.5 s), and a mesh of 16 on bcube,4,1
+# took 1.13-1.17 × the model with its transfers ending anywhere between 0.6 and 1.3 × the
+# model's time. With 128 KiB: 1.070-1.074, colocated PS 1.068 (bench/fidelity.py), at
+# some CPU (CPU idle of that mesh 0.32-0.40 -> 0.27; BML's 0.45 -> 0.29). 64 KiB bursts
+# (sized by pacing, at least 44 segments) gave 1.074-1.081 at 0.20 idle; sized by pacing
+# alone (2 segments at that rate) the CPU was the bound (idle 0.05, 2.2 ×).
+BIG_GSO_BYTES = 128 * 1024
 
 
 def _check(result: int, what: str) -> None:
