@@ -493,13 +493,23 @@ def mmap_threshold(peers: int) -> int:
     return MANY_PEERS_MMAP_THRESHOLD if peers >= MANY_PEERS else HEAP_MMAP_THRESHOLD
 
 
-def _set_mmap_threshold(threshold: int) -> None:
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt options
+
+
+def _mallopt(tunables: dict[int, int]) -> None:
+    """Set glibc malloc's {option: value}; elsewhere (not glibc) nothing to tune."""
     try:
         import ctypes
 
-        ctypes.CDLL(None).mallopt(-3, threshold)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: nothing to tune
+        libc = ctypes.CDLL(None)
+        for option, value in tunables.items():
+            libc.mallopt(option, value)
+    except (OSError, AttributeError):
         pass
+
+
+def _set_mmap_threshold(threshold: int) -> None:
+    _mallopt({M_MMAP_THRESHOLD: threshold})
 
 
 def _tune_malloc(arenas: int = 2, mmap_threshold: int = HEAP_MMAP_THRESHOLD, trim_threshold: int = 64 * 2**20) -> None:
@@ -513,17 +523,10 @@ def _tune_malloc(arenas: int = 2, mmap_threshold: int = HEAP_MMAP_THRESHOLD, tri
     in, zeroed by the kernel and unmapped again, and a heap trimmed at 128 KiB does the same
     through brk. Served from a heap that keeps up to 64 MiB free, the agents' kernel time in
     a CPU-bound ring (8 agents, 1 Gbit, 2 cores) fell from ~0.76 to ~0.49 cores. Each run
-    sets the mmap threshold again for its message size (mmap_threshold): with many streams
-    of small messages the heap's retention costs more than the mmapping."""
-    tunables = {-8: arenas, -3: mmap_threshold, -1: trim_threshold}  # M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        for option, value in tunables.items():
-            libc.mallopt(option, value)  # before gRPC starts threads
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
+    sets the mmap threshold again for its rank's peers (mmap_threshold): with many peers
+    the heap's retention costs more than the mmapping."""
+    # before gRPC starts threads
+    _mallopt({M_ARENA_MAX: arenas, M_MMAP_THRESHOLD: mmap_threshold, M_TRIM_THRESHOLD: trim_threshold})
 
 
 if __name__ == "__main__":
