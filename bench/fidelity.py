@@ -103,6 +103,9 @@ def measure(lab, endpoints: list, network: Network, case: Case, elements: int, i
                         flow_paths=lab_agents.flow_paths(lab))
     after = cpu_counters()
     measured = statistics.fmean(result.back_to_back_times(warmup))
+    # per timed iteration, its slowest rank: a stall shows here, not in the mean
+    per_iteration = [max(r.records[i].gst_seconds for r in result.results)
+                     for i in range(warmup, min(len(r.records) for r in result.results))]
     predicted = result.predicted.seconds
     unit = elements * 4 / (network.bandwidth / 8)  # w/B
     return {
@@ -111,6 +114,7 @@ def measure(lab, endpoints: list, network: Network, case: Case, elements: int, i
         "measured_w_over_b": round(measured / unit, 3), "predicted_w_over_b": round(predicted / unit, 3),
         "cpu_idle": round((after[1] - before[1]) / max(1, after[0] - before[0]), 2),
         "rss_beyond_buffer_mib": round(max(r.peak_rss_mib - r.buffer_mib for r in result.results), 1),
+        "iterations_s": [round(t, 3) for t in per_iteration],
         "paced": pace,
     }
 
@@ -153,7 +157,8 @@ def main() -> int:
     def progress(row: dict, seconds: float) -> None:
         print(f"  {row['lab']:<12} {row['algorithm']:<26} measured {row['measured_s']:7.3f} s  predicted "
               f"{row['predicted_s']:7.3f} s  ratio {row['ratio']:5.3f}  CPU idle {row['cpu_idle']:4.0%}  "
-              f"memory +{row['rss_beyond_buffer_mib']:5.1f} MiB  ({seconds:.0f} s)", file=sys.stderr, flush=True)
+              f"memory +{row['rss_beyond_buffer_mib']:5.1f} MiB  slowest iteration "
+              f"{max(row['iterations_s'], default=0):.3f} s  ({seconds:.0f} s)", file=sys.stderr, flush=True)
 
     for group in LABS:
         if not kinds or group.lab.split(",")[0] in kinds:

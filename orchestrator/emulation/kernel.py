@@ -1128,7 +1128,7 @@ def route_get_message(dst: ipaddress.IPv4Address, src: ipaddress.IPv4Address, ii
                       dport: int) -> bytes:
     """RTM_GETROUTE of one TCP flow, as `ip route get DST from SRC [iif DEV] ipproto tcp sport
     S dport D` asks it: the kernel hashes the flow's 5-tuple onto one of a multipath route's
-    next hops exactly as it does for the flow's packets (fib_multipath_hash_policy 1)."""
+    next hops exactly as it does for the flow's packets (topology.model.FORWARDING_SYSCTLS)."""
     body = struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, 0)
     body += _attr(RTA_DST, dst.packed) + _attr(RTA_SRC, src.packed)
     if iif is not None:

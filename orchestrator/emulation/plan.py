@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from orchestrator.emulation.journal import lab_id
 from orchestrator.errors import TopologyError
 from orchestrator.topology import Topology
+from orchestrator.topology.model import FORWARDING_SYSCTLS
 from orchestrator.topology.addressing import bits_for
 
 NAMESPACE_PREFIX = "testbed-"
@@ -62,14 +63,6 @@ def cpu_mask(cpus: int) -> str:
     digits = format((1 << cpus) - 1, "x")
     digits = digits.zfill(-(-len(digits) // 8) * 8)
     return ",".join(digits[i : i + 8] for i in range(0, len(digits), 8))
-
-
-FORWARDING_SYSCTLS = {
-    "net.ipv4.ip_forward": "1",
-    "net.ipv4.conf.all.rp_filter": "0",  # BCube and torus routes are asymmetric
-    "net.ipv4.conf.default.rp_filter": "0",
-    "net.ipv4.fib_multipath_hash_policy": "1",  # ECMP on the L4 5-tuple
-}
 
 
 def namespace_name(lab: str, node: str) -> str:

@@ -17,21 +17,13 @@ from mininet.link import Link, TCLink
 from mininet.node import Host, Switch
 from mininet.topo import Topo
 
-from orchestrator.topology.model import BRIDGE, Node, Topology
-
-FORWARDING_SYSCTLS = (
-    "net.ipv4.ip_forward=1",
-    "net.ipv4.conf.all.rp_filter=0",  # BCube and torus paths are asymmetric
-    "net.ipv4.conf.default.rp_filter=0",
-    "net.ipv4.fib_multipath_hash_policy=1",  # ECMP hashes on the L4 5-tuple
-)
-
+from orchestrator.topology.model import BRIDGE, FORWARDING_SYSCTLS, Node, Topology
 
 def ip_commands(topology: Topology, node: Node) -> list[str]:
     """The `ip`/`sysctl` commands that configure `node` once its interfaces exist."""
     commands = []
     if node.forwards:
-        commands.append("sysctl -qw " + " ".join(FORWARDING_SYSCTLS))
+        commands.append("sysctl -qw " + " ".join(f"{k}={v}" for k, v in FORWARDING_SYSCTLS.items()))
     bridge = node.interfaces.get(BRIDGE)
     if bridge is not None:
         commands.append(f"ip link add {BRIDGE} type bridge stp_state 0 forward_delay 0")

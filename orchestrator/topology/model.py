@@ -24,6 +24,21 @@ Role = Literal["server", "switch"]
 Kind = Literal["host", "l2", "l3"]
 BRIDGE = "br0"  # the bridge inside an l2 switch, or the access bridge of an l3 switch
 
+# What the kernel of a node that forwards (`Node.forwards`) is set to, in the lab and under
+# Mininet alike. ECMP hashes the 5-tuple the way a switch does (policy 3 with these fields),
+# not policy 1: that one uses a forwarded TCP packet's socket hash (sk_txhash, random per
+# connection and drawn again after a timeout), which no route lookup can see, so the cost
+# model's paths (Lab.connection_paths) would not be the packets' and a flow could move
+# mid-run.
+MULTIPATH_HASH_FIELDS = 0x01 | 0x02 | 0x04 | 0x10 | 0x20  # src, dst address; protocol; src, dst port
+FORWARDING_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.rp_filter": "0",  # BCube and torus routes are asymmetric
+    "net.ipv4.conf.default.rp_filter": "0",
+    "net.ipv4.fib_multipath_hash_policy": "3",
+    "net.ipv4.fib_multipath_hash_fields": hex(MULTIPATH_HASH_FIELDS),
+}
+
 
 @dataclass(frozen=True)
 class Interface:

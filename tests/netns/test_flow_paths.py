@@ -1,6 +1,7 @@
 """On fattree,4 the prediction beside a run follows the paths its connections were hashed
 onto: `Lab.connection_paths` reads them off the live routers (each hop asked with the
-connection's 5-tuple) and the driver predicts over them."""
+connection's 5-tuple) and the driver predicts over them; the routers' interface counters
+show the packets took them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from orchestrator.cost import Network
 from orchestrator.runner import driver, lab_agents, workloads
 
 ELEMENTS = 250_000  # 1 MB
+ITERATIONS = 2
 
 
 def test_a_mesh_is_predicted_over_the_paths_its_connections_took(make_lab):
@@ -27,8 +29,10 @@ def test_a_mesh_is_predicted_over_the_paths_its_connections_took(make_lab):
     endpoints = lab_agents.start(lab, via="exec")
     try:
         ctx = Context(len(endpoints), topology, tuple(e.node for e in endpoints))
-        result = driver.run(endpoints, "mesh", [ELEMENTS], workloads.emulated([ELEMENTS]), iterations=2, ctx=ctx,
-                            network=Network.from_links(lab.spec.links), flow_paths=recorded)
+        before = _switch_link_bytes(lab)
+        result = driver.run(endpoints, "mesh", [ELEMENTS], workloads.emulated([ELEMENTS]), iterations=ITERATIONS,
+                            ctx=ctx, network=Network.from_links(lab.spec.links), flow_paths=recorded)
+        after = _switch_link_bytes(lab)
         assert all(r["verified"] for r in result.records())
         # one connection from every server to every other, each on one of its ECMP branches
         servers = [s.name for s in topology.servers]
@@ -58,6 +62,30 @@ def test_a_mesh_is_predicted_over_the_paths_its_connections_took(make_lab):
         for a, b in zip(path, path[1:]):
             expected[f"{a}→{b}"] = expected.get(f"{a}→{b}", 0) + per_connection
     assert result.predicted.link_bytes == expected
+    # and the packets went that way: every link between two switches sent what the paths put
+    # on it (plus headers and the ACKs of the flows the other way). A router that hashed on
+    # something a route lookup cannot see (policy 1 hashes a forwarded packet's socket hash)
+    # sends them elsewhere: links a third over or under, some idle.
+    for hop, sent in after.items():
+        a, b = hop.split("→")
+        forward, back = (ITERATIONS * expected.get(h, 0) for h in (hop, f"{b}→{a}"))
+        # frames are 1514 B per 1448 B of payload; ACKs 66 B per one or two segments the other way
+        assert forward <= sent - before[hop] <= 1.07 * forward + 0.08 * back + 20_000, (hop, sent - before[hop], forward)
+
+
+def _switch_link_bytes(lab) -> dict[str, int]:
+    """{"a→b": bytes a's interface to b has sent} for every link between two switches."""
+    topology = lab.topology
+    switches = {s.name for s in topology.switches}
+    sent = {}
+    for link in topology.links:
+        if {link.a.node, link.b.node} <= switches:
+            for end, other in ((link.a, link.b), (link.b, link.a)):
+                [stats] = json.loads(subprocess.run(
+                    ["ip", "-j", "-s", "-n", lab.plan.namespaces[end.node], "link", "show", end.interface],
+                    capture_output=True, text=True, check=True).stdout)
+                sent[f"{end.node}→{other.node}"] = stats["stats64"]["tx"]["bytes"]
+    return sent
 
 
 def _connections(lab, server: str):
