@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from orchestrator.emulation.journal import lab_id
 from orchestrator.errors import TopologyError
 from orchestrator.topology import Topology
-from orchestrator.topology.model import FORWARDING_SYSCTLS
 from orchestrator.topology.addressing import bits_for
+from orchestrator.topology.model import FORWARDING_SYSCTLS
 
 NAMESPACE_PREFIX = "testbed-"
 MGMT_POOL = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range

@@ -19,6 +19,7 @@ from mininet.topo import Topo
 
 from orchestrator.topology.model import BRIDGE, FORWARDING_SYSCTLS, Node, Topology
 
+
 def ip_commands(topology: Topology, node: Node) -> list[str]:
     """The `ip`/`sysctl` commands that configure `node` once its interfaces exist."""
     commands = []
