@@ -11,7 +11,14 @@ import math
 import re
 import reprlib
 
-_NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
+_NUMBER = r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"  # 2.5, .5, 1e3, 2.5e-3
+# what float() reads as not finite, spelled in a quantity (`infs` is YAML's .inf plus a unit)
+_NON_FINITE = r"(?P<sign>[+-]?)(?P<word>inf(?:inity)?|nan)\s*(?P<unit>[a-zA-Zµ/]*)"
+
+# The longest interval (parse_interval) and the furthest time a fault timeline plans: a
+# day. Its callers are a fault's duration (`--for`, a timeline's `for`) and a flap's period;
+# nothing a lab does lasts longer, and a typo (1e12s) is refused rather than waited out.
+MAX_INTERVAL = 86_400.0
 
 _RATE_UNITS = {
     "": 1, "bit": 1, "bps": 1, "b/s": 1,
@@ -29,6 +36,8 @@ _SIZE_UNITS = {
     "m": 2**20, "mb": 2**20, "mib": 2**20,
     "g": 2**30, "gb": 2**30, "gib": 2**30,
 }
+
+_ANY_UNIT = set(_RATE_UNITS) | set(_TIME_UNITS) | set(_SIZE_UNITS)
 
 
 class _ShortRepr(reprlib.Repr):
@@ -55,6 +64,14 @@ def shown(value: object, width: int = 40) -> str:
     return text if len(text) <= width + 5 else text[:width] + "..."
 
 
+def _finite(number: float, value: object, example: str) -> None:
+    """Refuse NaN and ±infinity, saying which (`.nan` and `.inf` are YAML floats)."""
+    if math.isnan(number):
+        raise ValueError(f"{shown(value)} is not a number (NaN): write e.g. {example}")
+    if math.isinf(number):
+        raise ValueError(f"{shown(value)} is infinite: a quantity must be finite, e.g. {example}")
+
+
 def _split(value: object, example: str) -> tuple[float, str]:
     """(number, lower-case unit) of `value`; a bare int or float has unit ''."""
     if isinstance(value, bool):
@@ -63,14 +80,22 @@ def _split(value: object, example: str) -> tuple[float, str]:
         try:
             number, unit = float(value), ""
         except OverflowError:  # an int beyond any float
-            number, unit = math.inf, ""
+            number, unit = (math.inf if value > 0 else -math.inf), ""
+        else:
+            _finite(number, value, example)
     else:
-        match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", str(value).strip())
+        text = str(value).strip()
+        match = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Zµ/]*)", text)
         if not match:
+            odd = re.fullmatch(_NON_FINITE, text, re.IGNORECASE)
+            if odd and odd["unit"].lower() in _ANY_UNIT:  # `infs`, `nan ms`; not `nanoseconds`
+                _finite(float(f"{odd['sign']}{odd['word']}"), value, example)
             raise ValueError(f"{shown(value)} is not a number with a unit: write e.g. {example}")
         number, unit = float(match["num"]), match["unit"].lower()
-    if not math.isfinite(number) or number < 0:
+    if number < 0:
         raise ValueError(f"{shown(value)} must be a finite, non-negative quantity, e.g. {example}")
+    if math.isinf(number):  # an int or a text of 400 digits, or 1e999
+        raise ValueError(f"{shown(value)} is far too large: write e.g. {example}")
     return number, unit
 
 
@@ -103,18 +128,35 @@ def parse_duration(value: str | int | float) -> float:
     return number * _TIME_UNITS[unit]
 
 
+def seconds(value: str | int | float, example: str = "5s or 500ms") -> float:
+    """Seconds, maybe negative (the caller says what range it takes), from a number of
+    seconds or a duration with a unit (`5s`, `500ms`, `1e3ms`); a quoted bare number is
+    refused rather than read as tc's milliseconds; NaN and infinity are refused by name."""
+    if isinstance(value, bool):
+        raise ValueError(f"{shown(value)} is not a duration: write e.g. {example}")
+    if isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float: far too long, or far below zero
+            return math.inf if value > 0 else -math.inf
+        _finite(number, value, example)
+        return number
+    if isinstance(value, str) and re.fullmatch(_NUMBER, value.strip()):
+        raise ValueError(f"{shown(value)}: give a unit, e.g. {example}")
+    return parse_duration(value)
+
+
 def parse_interval(value: str | int | float) -> float:
-    """Positive seconds from a duration the user types (`5s`, `500ms`) or a number of
-    seconds; a quoted bare number is refused rather than read as tc's milliseconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = parse_duration(f"{value}s") if value >= 0 else -1.0
-    elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
-        raise ValueError(f"{shown(value)}: give a unit, e.g. 5s or 500ms")
-    else:
-        seconds = parse_duration(value)
-    if seconds <= 0:
+    """Positive seconds, at most MAX_INTERVAL (a day), from a duration the user types (`5s`,
+    `500ms`, `1e3ms`) or a number of seconds; a quoted bare number is refused rather than
+    read as tc's milliseconds. For a fault's duration and a flap's period."""
+    interval = seconds(value)
+    if interval <= 0:
         raise ValueError(f"{shown(value)} must be longer than zero")
-    return seconds
+    if interval > MAX_INTERVAL:
+        raise ValueError(f"{shown(value)} is longer than a day ({MAX_INTERVAL:,.0f} s), the most a fault lasts "
+                         "or waits: give at most 86400s")
+    return interval
 
 
 def parse_size(value: str | int) -> int:
@@ -140,6 +182,8 @@ def parse_percent(value: str | int | float) -> float:
             number = float(text)
         except ValueError:
             raise ValueError(f"{shown(value)} is not a percentage: use e.g. 0.1 or 1%") from None
+    if not isinstance(value, bool) and math.isnan(number):
+        raise ValueError(f"{shown(value)} is not a number (NaN): give a percentage, e.g. 0.1 or 1%")
     if isinstance(value, bool) or not 0.0 <= number <= 100.0:
         raise ValueError(f"percentage must lie between 0 and 100, got {shown(value)}")
     return number

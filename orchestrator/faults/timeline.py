@@ -108,12 +108,18 @@ class _Paper:
         return self.topology.links_between(a, b)
 
 
-def plan(timeline: Timeline, topology: Topology, ps: Collection[str] = (), name: str = "") -> list[PlannedFault]:
+def plan(timeline: Timeline, topology: Topology, ps: Collection[str] = (), name: str = "",
+         iterations: int | None = None) -> list[PlannedFault]:
     """Every fault the timeline will inject, sorted (time events by time, then iteration
     events by iteration), checked against `topology`; FaultError naming the event otherwise.
-    `ps` are the parameter-server nodes, which `{any: worker}` leaves out."""
+    `ps` are the parameter-server nodes, which `{any: worker}` leaves out. `iterations`: the
+    run's count, when known; iterations are numbered from 0 (the runner's `on_iteration(0)`
+    fires as the run starts), so an event at iteration `iterations` or later, a repeat's
+    last occurrence included, is refused: the run never reaches it. The timeline's size
+    was bounded when it was read (spec.timeline.MAX_PLANNED), before anything expands."""
     paper = _Paper(topology, name or f"{topology.kind} topology")
     planned: list[PlannedFault] = []
+    pools: dict[str, list[str]] = {}  # a random kind's candidates, listed once per plan
     for index, event in enumerate(timeline.events):
         where = f"timeline events.{index}"
         act = ACTIONS[event.action]
@@ -122,17 +128,37 @@ def plan(timeline: Timeline, topology: Topology, ps: Collection[str] = (), name:
             raise FaultError(f"{where}.for: {act.name} is done at once: leave `for` out")
         if event.repeat is not None and event.duration is None and act.lasting:
             raise FaultError(f"{where}.repeat: a repeated {act.name} needs `for` (else it lasts until the run ends)")
+        if iterations is not None and event.at_iteration is not None:
+            _reachable(event, iterations, where)
         draw = random.Random(f"{timeline.seed}/{index}")  # str seeds hash the same in every process
+        literal = None if isinstance(event.target, Choice) else _targets(event, act.target, paper, ps, draw, where, pools)
         times = event.repeat.times if event.repeat else 1
         for n in range(times):
             shift = n * event.repeat.every if event.repeat else 0
-            for text in _targets(event, act.target, paper, ps, draw, where):
+            for text in literal or _targets(event, act.target, paper, ps, draw, where, pools):
                 planned.append(PlannedFault(
                     index, act.name, text,
                     at=None if event.at is None else event.at + shift,
                     at_iteration=None if event.at_iteration is None else event.at_iteration + int(shift),
                     duration=event.duration, options=options))
     return sorted(planned, key=_order)
+
+
+def _reachable(event: Event, iterations: int, where: str) -> None:
+    """Refuse an iteration event (or a repeat's occurrence) the run never reaches: a run of
+    N iterations has iterations 0 to N-1."""
+    span = ("1 iteration, numbered 0" if iterations == 1
+            else f"{iterations:,} iterations, numbered 0 to {iterations - 1:,}")
+    if event.at_iteration >= iterations:
+        raise FaultError(f"{where}.at_iteration: {event.at_iteration:,} is never reached: the run has {span}: "
+                         f"give at most {iterations - 1:,} (or raise iterations)")
+    if event.repeat is not None:
+        last = event.at_iteration + (event.repeat.times - 1) * int(event.repeat.every)
+        if last >= iterations:
+            fit = (iterations - 1 - event.at_iteration) // int(event.repeat.every) + 1
+            raise FaultError(f"{where}.repeat.times: the last of {event.repeat.times:,} occurrences is at iteration "
+                             f"{last:,}, never reached: the run has {span}: give times at most {fit:,} "
+                             "(or raise iterations)")
 
 
 def _order(fault: PlannedFault) -> tuple:
@@ -161,10 +187,10 @@ def _options(event: Event, where: str) -> dict[str, str]:
 
 
 def _targets(event: Event, kind: str, paper: _Paper, ps: Collection[str], draw: random.Random,
-             where: str) -> list[str]:
+             where: str, pools: dict[str, list[str]]) -> list[str]:
     """The concrete target texts of one occurrence: the literal one, or a fresh draw."""
     if isinstance(event.target, Choice):
-        texts = _draw(event.target, kind, event.action, paper.topology, ps, draw, where)
+        texts = _draw(event.target, kind, event.action, paper.topology, ps, draw, where, pools)
     else:
         texts = [event.target]
     checked = []
@@ -177,12 +203,14 @@ def _targets(event: Event, kind: str, paper: _Paper, ps: Collection[str], draw: 
 
 
 def _draw(choice: Choice, kind: str, act: str, topology: Topology, ps: Collection[str], draw: random.Random,
-          where: str) -> list[str]:
+          where: str, pools: dict[str, list[str]]) -> list[str]:
     pick = CHOICES[choice.any]
     if kind not in pick.fits:
         fitting = ", ".join(k for k, p in CHOICES.items() if kind in p.fits)
         raise FaultError(f"{where}.target.any: {act} acts on a {kind}, not a {choice.any}: use one of {fitting}")
-    candidates = sorted(set(pick.candidates(topology, ps)))  # sorted: the draw must not depend on build order
+    if choice.any not in pools:  # sorted: the draw must not depend on build order
+        pools[choice.any] = sorted(set(pick.candidates(topology, ps)))
+    candidates = pools[choice.any]
     if len(candidates) < choice.count:
         raise FaultError(f"{where}.target.count: this {topology.kind} topology has {len(candidates)} "
                          f"{choice.any} candidate{'s' * (len(candidates) != 1)}, fewer than {choice.count}"

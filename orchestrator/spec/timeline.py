@@ -30,18 +30,17 @@ RANDOM_KINDS = ("core-link", "aggregation-link", "edge-link", "link", "switch", 
 
 
 def _seconds(value: Any) -> float:
-    """Seconds from a number (seconds) or a duration with a unit (`5s`, `500ms`).
+    """Seconds from a number (seconds) or a duration with a unit (`5s`, `500ms`, `1e3ms`), at
+    most a day (units.MAX_INTERVAL: no run lasts longer, and `for: 1e12` is a typo).
 
     Unlike tc's habit (a bare number is ms), a timeline reads in seconds; a quoted bare
-    number is refused rather than guessed."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = units.parse_duration(f"{value}s") if value >= 0 else -1.0
-    elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
-        raise ValueError(f"{units.shown(value)}: give a unit, e.g. 5s or 500ms, or a plain number of seconds")
-    else:
-        seconds = units.parse_duration(value)
+    number is refused rather than guessed; NaN and infinity are refused by name."""
+    seconds = units.seconds(value, "5s or 500ms, or a plain number of seconds")
     if seconds < 0:
         raise ValueError(f"{units.shown(value)} must not be negative")
+    if seconds > units.MAX_INTERVAL:
+        raise ValueError(f"{units.shown(value)} is longer than a day ({units.MAX_INTERVAL:,.0f} s), the most a "
+                         "fault timeline plans: give at most 86400s")
     return seconds
 
 
@@ -138,8 +137,40 @@ class Event(BaseModel):
         return seconds
 
 
+# The most faults a timeline may plan, repeats and random draws expanded: a run injects each
+# one and keeps a record of it, and more than this is a typo (500 events × repeat 10,000 once
+# took 2 GB and hung while planning). Counted from the file, before anything expands.
+MAX_PLANNED = 10_000
+
+
+def planned_count(event: Event) -> int:
+    """How many faults `event` plans: one per occurrence and drawn target (a partition of
+    `count` servers is one fault)."""
+    from orchestrator.faults.actions import ACTIONS
+
+    times = event.repeat.times if event.repeat else 1
+    drawn = event.target.count if isinstance(event.target, Choice) and ACTIONS[event.action].target != "servers" else 1
+    return times * drawn
+
+
 class Timeline(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seeds the random choices: same seed, same faults")
     events: list[Event] = Field(default_factory=list, max_length=1000)
+
+    @field_validator("events")
+    @classmethod
+    def _bounded(cls, events: list[Event]) -> list[Event]:
+        counts = [planned_count(event) for event in events]
+        total = sum(counts)
+        if total > MAX_PLANNED:
+            largest = max(range(len(counts)), key=counts.__getitem__)
+            event = events[largest]
+            times = event.repeat.times if event.repeat else 1
+            raise ValueError(
+                f"{len(events):,} event{'s' * (len(events) != 1)} × repeat.times × target.count = {total:,} planned "
+                f"faults, more than {MAX_PLANNED:,} (the most, events.{largest}: repeat {times:,} × "
+                f"{counts[largest] // times:,} target{'s' * (counts[largest] != times)} = {counts[largest]:,}): "
+                "repeat fewer times, draw fewer targets or split the run")
+        return events

@@ -69,12 +69,57 @@ def test_a_timeline_file_reads_durations_in_seconds_and_aliases_for(tmp_path):
      "events.0.repeat.times: must lie between 1 and"),
     ({"action": "link-down", "target": "", "at": 1}, "events.0.target: '': give a link A-B"),
     ({"action": "link-down", "target": 5, "at": 1}, "events.0.target: 5: give a link A-B"),
+    ({"action": "link-down", "target": "a-b", "at": float("nan")}, "events.0.at: nan is not a number (NaN)"),
+    ({"action": "link-down", "target": "a-b", "at": 1, "for": float("inf")}, "events.0.for: inf is infinite: "
+                                                                             "a quantity must be finite"),
+    ({"action": "link-down", "target": "a-b", "at": 1, "for": 1e12},
+     "events.0.for: 1000000000000.0 is longer than a day (86,400 s), the most a fault timeline plans"),
+    ({"action": "link-down", "target": "a-b", "at": "1e6s"}, "events.0.at: '1e6s' is longer than a day"),
+    ({"action": "link-down", "target": "a-b", "at": 1, "for": 1, "repeat": {"every": "2e5s", "times": 2}},
+     "repeat.every: '2e5s' is longer than a day"),
+    ({"action": "link-down", "target": "a-b", "at": "1e3"}, "events.0.at: '1e3': give a unit"),
 ])
 def test_file_errors_are_one_line_naming_the_event_and_field(event, message):
     with pytest.raises(SpecError) as caught:
         timeline(event)
     text = str(caught.value)
     assert message in text and "\n" not in text, text
+
+
+def test_a_duration_in_exponent_form_and_of_exactly_a_day_is_read():
+    (event,) = timeline({"action": "link-down", "target": "a-b", "at": "1.5e3ms", "for": 86_400}).events
+    assert (event.at, event.duration) == (1.5, 86_400.0)
+
+
+def test_a_timeline_that_would_plan_too_many_faults_is_refused_before_expanding():
+    # Regression: 500 events × repeat 10,000 took 2 GB and hung in plan(); now the file is
+    # refused as it is read, in one line with the figure and the limit.
+    event = {"action": "link-down", "target": "a-b", "at": 1, "for": 1, "repeat": {"every": 2, "times": 10_000}}
+    started = time.monotonic()
+    with pytest.raises(SpecError) as caught:
+        timeline(*[event] * 500)
+    text = str(caught.value)
+    assert time.monotonic() - started < 5
+    assert text.startswith("exp.yaml: events: 500 events × repeat.times × target.count = 5,000,000 planned faults, "
+                           "more than 10,000 (the most, events.0: repeat 10,000 × 1 target = 10,000)"), text
+    assert "\n" not in text
+
+
+def test_random_draws_count_toward_the_bound_and_a_partition_counts_once():
+    links = {"action": "link-down", "target": {"any": "link", "count": 3}, "at": 1, "for": 1,
+             "repeat": {"every": 2, "times": 4000}}
+    with pytest.raises(SpecError, match="12,000 planned faults, more than 10,000 .*repeat 4,000 × 3 targets"):
+        timeline(links)
+    partition = {"action": "partition", "target": {"any": "server", "count": 3}, "at": 1, "for": 1,
+                 "repeat": {"every": 2, "times": 10_000}}
+    assert len(timeline(partition).events) == 1  # one fault per occurrence, whatever the count
+    assert len(timeline({**links, "repeat": {"every": 2, "times": 3333}}).events) == 1  # 9,999
+
+
+def test_exactly_the_most_planned_faults_are_planned(bcube):
+    event = {"action": "link-down", "target": "h00-l0s0", "at": 0, "for": 1, "repeat": {"every": 2, "times": 5000}}
+    faults = plan(timeline(event, {**event, "target": "h01-l0s0"}), bcube)
+    assert len(faults) == 10_000
 
 
 def test_the_choice_kinds_of_the_file_and_of_the_planner_are_one_list():
@@ -166,6 +211,34 @@ def test_plan_errors_are_one_line_naming_the_event_and_field(bcube, event, messa
         plan(timeline({"action": "link-down", "target": "h00-l0s0", "at": 0}, event), bcube)
     text = str(caught.value).replace("events.1", "events.0")
     assert message in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("event,iterations,message", [
+    ({"action": "server-crash", "target": "h10", "at_iteration": 5}, 5,
+     "timeline events.0.at_iteration: 5 is never reached: the run has 5 iterations, numbered 0 to 4: give at most 4"),
+    ({"action": "server-crash", "target": "h10", "at_iteration": 10**9}, 1,
+     "timeline events.0.at_iteration: 1,000,000,000 is never reached: the run has 1 iteration, numbered 0: "
+     "give at most 0"),
+    ({"action": "server-pause", "target": "h10", "at_iteration": 1, "for": 1, "repeat": {"every": 2, "times": 3}}, 5,
+     "timeline events.0.repeat.times: the last of 3 occurrences is at iteration 5, never reached: the run has 5 "
+     "iterations, numbered 0 to 4: give times at most 2"),
+])
+def test_an_iteration_the_run_never_reaches_is_refused_naming_the_run_s_count(bcube, event, iterations, message):
+    with pytest.raises(FaultError) as caught:
+        plan(timeline(event), bcube, iterations=iterations)
+    text = str(caught.value)
+    assert text.startswith(message) and "\n" not in text, text
+    assert plan(timeline(event), bcube)  # without the run's count, nothing to check against
+
+
+def test_the_last_iteration_of_the_run_is_reachable(bcube):
+    # iterations are numbered from 0: the runner calls on_iteration(0) as the run starts
+    (fault,) = plan(timeline({"action": "server-crash", "target": "h10", "at_iteration": 4}), bcube, iterations=5)
+    assert fault.at_iteration == 4
+    faults = plan(timeline({"action": "server-pause", "target": "h10", "at_iteration": 0, "for": 1,
+                            "repeat": {"every": 2, "times": 3}}, {"action": "link-down", "target": "h00-l0s0",
+                                                                  "at": 1e3}), bcube, iterations=5)
+    assert [f.at_iteration for f in faults] == [None, 0, 2, 4]  # a time event has no iteration to check
 
 
 # -- running, with a recording injector --------------------------------------------------------

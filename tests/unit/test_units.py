@@ -339,3 +339,79 @@ def test_parse_interval_reads_durations_and_plain_numbers_as_seconds(value, seco
 def test_parse_interval_refuses_bare_text_numbers_and_nothing(bad, message):
     with pytest.raises(ValueError, match=message):
         units.parse_interval(bad)
+
+
+# -- exponents, NaN, infinity, and the interval's day ------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("1e3ms", 1.0), ("2.5e-3s", 0.0025), ("1E2us", 1e-4),
+                                                ("1e+1s", 10.0), (".5e1ms", 0.005)])
+def test_durations_take_exponent_notation(value, seconds):
+    # Regression: `--for 1e12s` said "is not a number with a unit": _NUMBER had no exponent.
+    assert units.parse_duration(value) == pytest.approx(seconds)
+    assert units.parse_interval(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("value", "bits", "size"), [("1e3", 1000, 1000), ("1.5e3k", 1_500_000, 1_536_000)])
+def test_rates_and_sizes_take_exponent_notation(value, bits, size):
+    assert units.parse_rate(value) == bits
+    assert units.parse_size(value) == size
+
+
+@pytest.mark.parametrize("parser", [units.parse_duration, units.parse_interval, units.parse_rate, units.parse_size])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, "inf", "infs", "INFms", "-infs", "infinity"])
+def test_infinity_is_refused_as_not_finite(parser, value):
+    # Regression: YAML's .inf as a duration came out as "'infs' is not a number with a unit".
+    with pytest.raises(ValueError, match="infinite: a quantity must be finite") as caught:
+        parser(value)
+    assert "not a number with a unit" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("parser", "value"), [
+    *((parser, value) for parser in (units.parse_duration, units.parse_interval, units.parse_rate, units.parse_size)
+      for value in (math.nan, "nan", "nans", "NaN ms")),
+    (units.parse_percent, math.nan), (units.parse_percent, "nan"), (units.parse_percent, "NaN%")])
+def test_nan_is_refused_as_not_a_number(parser, value):
+    # Regression: NaN said "must not be negative" (a timeline) or "must lie between 0 and 100".
+    with pytest.raises(ValueError, match=r"is not a number \(NaN\)"):
+        parser(value)
+
+
+def test_a_word_that_starts_like_nan_or_inf_is_not_mistaken_for_one():
+    with pytest.raises(ValueError, match="is not a number with a unit"):
+        units.parse_duration("nanoseconds")
+    with pytest.raises(ValueError, match="is not a number with a unit"):
+        units.parse_duration("information")
+
+
+@pytest.mark.parametrize("value", ["1e12s", 1e12, 86_401, "86401s", "1e8ms", 10**400])
+def test_an_interval_longer_than_a_day_is_refused_naming_the_bound(value):
+    # Regression: `testbed fault LAB link-down A-B --for 1e12s` was accepted (once parsed).
+    with pytest.raises(ValueError) as caught:
+        units.parse_interval(value)
+    message = str(caught.value)
+    assert "longer than a day (86,400 s)" in message, message
+    assert "\n" not in message and len(message) < 150
+
+
+def test_an_interval_of_exactly_a_day_is_accepted():
+    assert units.parse_interval("86400s") == units.parse_interval(86_400) == units.MAX_INTERVAL == 86_400.0
+
+
+@pytest.mark.parametrize("value", ["1e3", "2.5e-3", " 7 "])
+def test_a_quoted_bare_number_in_exponent_form_is_refused_as_an_interval(value):
+    # "1e3" must not slip past the bare-number check and be read as tc's milliseconds
+    with pytest.raises(ValueError, match="give a unit"):
+        units.parse_interval(value)
+
+
+def test_parse_interval_s_callers_are_fault_durations_and_periods_only():
+    """The day's bound fits parse_interval because only fault durations (--for) and a
+    flap's period use it; a new caller with longer intervals needs a bound of its own."""
+    import re
+    from pathlib import Path
+
+    root = Path(units.__file__).parent
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if p.name != "units.py" and re.search(r"\bparse_interval\b", p.read_text()))
+    assert users == ["cli.py", "faults/actions.py"], users
