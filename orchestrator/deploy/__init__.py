@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.deploy.agents import endpoints, record_deployed
+from orchestrator.deploy.answering import refuse_unanswering
 from orchestrator.deploy.playbook import FORKS, PlaybookResult, Progress
-from orchestrator.errors import BadUsage
-from orchestrator.runner.driver import Endpoint, wait_healthy
+from orchestrator.errors import BadUsage, DeployError
+from orchestrator.runner.driver import Endpoint, RunError, wait_healthy
 
 VIA = ("nsenter", "ssh", "exec")
 
@@ -57,14 +58,22 @@ def deploy(
 ) -> Deployment:
     """Deploy agents on `servers` (default: all) and wait until each answers the standard
     health check and accepts its token; their endpoints in rank order. DeployError names the
-    first host and task that failed. `extravars` go to the playbook (agent_health_timeout,
+    first host and task that failed, or at once a server that cannot answer (paused, crashed,
+    its agents stopped: deploy.answering). `extravars` go to the playbook (agent_health_timeout,
     agent_install=wheel with agent_wheel, testbed_strategy …); `forks`: Ansible's."""
     names = _servers(lab, servers)
     deployer = _deployer(via)
-    result = deployer.start(lab, names, progress, extravars, forks)
-    eps = endpoints(lab, names, roles)
-    record_deployed(lab, {ep.node: ep.role for ep in eps})  # before waiting: a sick agent is a down target
-    wait_healthy(eps, timeout=timeout)
+    refuse_unanswering(lab, names)  # a paused server's fresh agent would answer: the lab says it cannot
+    try:
+        result = deployer.start(lab, names, progress, extravars, forks)
+        eps = endpoints(lab, names, roles)
+        record_deployed(lab, {ep.node: ep.role for ep in eps})  # before waiting: a sick agent is a down target
+        wait_healthy(eps, timeout=timeout)
+    except (DeployError, RunError) as exc:
+        refuse_unanswering(lab, names)  # paused while deploying: say that, not which wait ran out
+        if isinstance(exc, RunError):  # the health wait's: an agent not answering, or another lab's
+            raise DeployError(f"lab {lab.name}: {exc}") from None
+        raise
     return Deployment(eps, result)
 
 
