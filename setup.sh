@@ -53,6 +53,20 @@ if [ ! -e "$stamp" ]; then
     rm -f "$VENV"/.installed-* && touch "$stamp"
 fi
 
+# Host settings the README's labs need (up to fattree,16: the neighbour table's cap), one
+# line each with why, from orchestrator/emulation/capacity.py: the figures `testbed up`
+# checks. A value the host already has higher is kept, never lowered.
+SYSCTL_CONF=/etc/sysctl.d/60-testbed.conf
+"$VENV/bin/python" -c 'from orchestrator.emulation.capacity import sysctl_conf; print(sysctl_conf(), end="")' \
+    >"$SYSCTL_CONF.tmp"
+mv "$SYSCTL_CONF.tmp" "$SYSCTL_CONF"
+settings=$(grep -v '^#' "$SYSCTL_CONF" | tr '\n' ' ')
+if sysctl -q -p "$SYSCTL_CONF" >/dev/null; then
+    log "host settings the README's labs need written to $SYSCTL_CONF and applied: ${settings% }"
+else
+    log "wrote $SYSCTL_CONF but could not apply it (${settings% }): testbed up refuses large labs until it is"
+fi
+
 log "building lab images (quick when up to date)"
 "$VENV/bin/testbed" images build
 

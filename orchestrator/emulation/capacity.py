@@ -24,7 +24,8 @@ lab mounts one file per namespace), kernel.pid_max (32,768; netns labs start no 
 
 `estimate(topology, runtime)` is pure, `host_limits()` reads this host, `refusal(need,
 limits)` is the first limit exceeded as a one-line message, and `require(spec, topology)`
-is what `Lab.up` calls.
+is what `Lab.up` calls. `sysctl_conf()` is what setup.sh writes to /etc/sysctl.d so that
+the README's labs (up to fattree,16) fit a fresh host: the same figures `up` asks for.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from orchestrator.emulation.plan import BRIDGE_MAX_PORTS
 from orchestrator.errors import HostLimit, TopologyError
@@ -208,7 +210,7 @@ def refusal(need: Need, host: HostLimits) -> HostLimit | TopologyError | None:
             f"{BRIDGE_MAX_PORTS:,} (BR_MAX_PORTS, fixed in the kernel): choose fewer servers per switch"
         )
     if need.neighbours > host.gc_thresh3:
-        wanted = _power_of_two(max(need.neighbours, need.neighbours_all_pairs))
+        wanted = gc_thresh3_for(need)
         return HostLimit(
             f"{need.lab} needs {need.neighbours:,} neighbour (ARP) entries for its routes and up to "
             f"{need.neighbours_all_pairs:,} when every server talks to every other, but {GC_THRESH3} is "
@@ -261,6 +263,50 @@ def require(spec, topology: Topology) -> Need:
         raise error
     raise_open_files(need, host)
     return need
+
+
+def gc_thresh3_for(need: Need) -> int:
+    """The neighbour table's cap to set for a lab: room for every server talking to every
+    other, rounded up to a power of two."""
+    return _power_of_two(max(need.neighbours, need.neighbours_all_pairs))
+
+
+# -- the host settings setup.sh writes ----------------------------------------------------
+# The largest lab the README shows (`testbed topology fattree,16`; topologies/ holds smaller
+# ones, and tests/unit/test_host_settings.py checks that each fits what this one needs).
+EXAMPLE_LAB = "fattree,16"
+SYSCTL_CONF = Path("/etc/sysctl.d/60-testbed.conf")
+
+
+def host_settings(lab: str = EXAMPLE_LAB) -> dict[str, tuple[int, str]]:
+    """sysctl → (value, why) that a netns build of `lab` (a shorthand) needs of this host."""
+    from orchestrator.spec import lab_from_argument
+    from orchestrator.topology import from_lab
+
+    need = estimate(from_lab(lab_from_argument(lab)), "netns", lab)
+    return {GC_THRESH3: (gc_thresh3_for(need), (
+        f"one neighbour (ARP) table for every namespace: {lab} ({need.servers:,} servers) learns "
+        f"{need.neighbours:,} entries for its routes and up to {need.neighbours_all_pairs:,} when every "
+        "server talks to every other; beyond the cap packets are dropped, and `testbed up` refuses the lab"))}
+
+
+def _current(sysctl: str) -> int | None:
+    value = _proc(sysctl, "")
+    return int(value) if value.isdigit() else None
+
+
+def sysctl_conf(lab: str = EXAMPLE_LAB, current: Callable[[str], int | None] = _current) -> str:
+    """The text of SYSCTL_CONF: each setting `lab` needs, with why, never lower than the
+    host's `current` value (which is kept when higher)."""
+    lines = ["# testbed's host settings, written by setup.sh (orchestrator/emulation/capacity.py,",
+             f"# sysctl_conf) for the labs of its README, up to {lab}; applied with `sysctl -p` on this file.",
+             "# A value is only ever raised: one this host already had higher is kept."]
+    for name, (value, why) in host_settings(lab).items():
+        have = current(name)
+        if have is not None and have > value:
+            why, value = f"{why} (needs {value:,}; this host had {have:,}, kept)", have
+        lines += [f"# {why}", f"{name} = {value}"]
+    return "\n".join(lines) + "\n"
 
 
 def _power_of_two(value: int) -> int:
