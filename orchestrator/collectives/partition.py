@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+# Each partition is a collective of its own (a schedule, its transfers, per-rank credit):
+# ByteScheduler's own partitions are 1-8 MB, so 10,000 covers 10 GB at the smallest.
+MAX_PARTITIONS = 10_000
+# No gradient is larger than this (a 16-billion-parameter model in fp32): beyond it a size is
+# a typo, whatever the memory (a 10^30-byte prediction once came out as 1.3e23 s).
+MAX_GRADIENT_BYTES = 64 << 30
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -29,6 +36,11 @@ def partitions(tensor_sizes: Sequence[int], max_bytes: int | None, itemsize: int
     if max_bytes is None:
         return [Partition(0, total, 0)] if total else []
     limit = max(1, max_bytes // itemsize)
+    count = sum(-(-size // limit) for size in tensor_sizes)  # counted before any is made
+    if count > MAX_PARTITIONS:
+        fewest = -(-total * itemsize // MAX_PARTITIONS)
+        raise ValueError(f"partition_bytes: {max_bytes:,} B cuts the {total * itemsize:,}-byte gradient into {count:,} "
+                         f"partitions, more than {MAX_PARTITIONS:,}: use partitions of at least {fewest:,} B")
     out, offset = [], 0
     for index, size in enumerate(tensor_sizes):
         for start in range(0, size, limit):

@@ -1,41 +1,125 @@
-"""Algorithms by name, and the schedules of a whole (possibly partitioned) gradient."""
+"""Algorithms by name: one table of registered records, the built-ins' and a user's alike.
+
+    register(name, build, *, options=NoOptions, transfers=None) -> Algorithm
+
+`build(ctx, size, offset=0, length=None) -> Schedule` is the algorithm; `options` the
+pydantic model of its options (unknown keys and bad values are refused before anything is
+built); `transfers(ctx, length) -> int` an upper bound of the transfers one schedule of
+`length` elements holds, so a plan too big to build is refused from arithmetic alone. With
+or without it, every build runs under a budget of MAX_TRANSFERS transfers (schedule.py's
+guard), so no algorithm can grow without bound.
+"""
 
 from __future__ import annotations
 
-import importlib
+import re
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import Partition
-from orchestrator.collectives.schedule import Schedule
+from pydantic import ValidationError
 
-# name → module under orchestrator.collectives.algorithms with build(ctx, size, offset, length)
-ALGORITHMS = {
-    "ring": "ring",
-    "mesh": "mesh",
-    "ps": "ps",
-    "halving-doubling": "halving_doubling",
-    "tree": "tree",
-    "double-tree": "double_tree",
-    "hierarchical": "hierarchical",
-    "flextree": "flextree",
-    "hips": "hips",
-    "bml": "bml",
-    "hdrm": "hdrm",
-}
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import AlgorithmOptions, NoOptions
+from orchestrator.collectives.partition import Partition
+from orchestrator.collectives.schedule import Schedule, transfer_budget
 
 Builder = Callable[..., Schedule]
+Estimate = Callable[[Context, int], int]
+
+# Transfers of one allreduce (all partitions) a plan may hold. Each is a flow the model keeps
+# up to ~8 KB for (its dependencies, ranges and path shares: torus,8,3's HiPS, 129,000
+# transfers, took 1.3 GB and 59 s), and a message stream in the agents: 60,000 keep a
+# prediction within 1 GiB and ~30 s on this project's 2-core machines.
+MAX_TRANSFERS = 60_000
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    build: Builder
+    options: type[AlgorithmOptions] = NoOptions
+    transfers: Estimate | None = None
+
+    def check_options(self, options: dict | None) -> dict:
+        """The options validated by the algorithm's model, as given (no defaults added);
+        ValueError naming the option otherwise."""
+        if not isinstance(options, dict):
+            raise ValueError(f"options must be a mapping of names to values, e.g. {{shards: 4}}")
+        try:
+            model = self.options.model_validate(options)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                known = ", ".join(self.options.model_fields) or "none"
+                message = f"{self.name} has no such option (its options: {known})"
+            raise ValueError(f"option {where}: {message}") from None
+        return model.model_dump(exclude_unset=True)
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoOptions,
+             transfers: Estimate | None = None) -> Algorithm:
+    """Add an algorithm to the table; ValueError for a bad or taken name."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ValueError(f"algorithm name {name!r}: lower case letters, digits and -, starting with a letter")
+    if name in ALGORITHMS:
+        raise ValueError(f"algorithm {name} is registered already (known: {', '.join(ALGORITHMS)})")
+    if not callable(build):
+        raise ValueError(f"algorithm {name}: build must be callable")
+    if not (isinstance(options, type) and issubclass(options, AlgorithmOptions)):
+        raise ValueError(f"algorithm {name}: options must be a subclass of AlgorithmOptions")
+    ALGORITHMS[name] = Algorithm(name, build, options, transfers)
+    return ALGORITHMS[name]
+
+
+def get(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown algorithm {name!r}: choose one of {', '.join(sorted(ALGORITHMS))}") from None
 
 
 def builder(name: str) -> Builder:
-    try:
-        module = ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}: choose one of {', '.join(sorted(ALGORITHMS))}") from None
-    return importlib.import_module(f"orchestrator.collectives.algorithms.{module}").build
+    return get(name).build
 
 
-def schedules(name: str, ctx: Context, size: int, parts: list[Partition]) -> list[tuple[Partition, Schedule]]:
-    """One schedule per partition, in priority order."""
-    build = builder(name)
-    return [(part, build(ctx, size, part.offset, part.length)) for part in parts]
+def check_options(name: str, options: dict | None) -> dict:
+    return get(name).check_options(options or {})
+
+
+def estimate(name: str, ctx: Context, parts: list[Partition]) -> int | None:
+    """The algorithm's bound of the transfers of these partitions, or None if it gives none."""
+    algorithm = get(name)
+    if algorithm.transfers is None:
+        return None
+    if parts and all(p.length == parts[0].length for p in parts):
+        return algorithm.transfers(ctx, parts[0].length) * len(parts)
+    return sum(algorithm.transfers(ctx, p.length) for p in parts)
+
+
+def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
+              limit: int = MAX_TRANSFERS) -> list[tuple[Partition, Schedule]]:
+    """One schedule per partition, in priority order, after the options and the transfer
+    budget are checked (ValueError, saying the figure and the limit, before building)."""
+    algorithm = get(name)
+    ctx = replace(ctx, options=algorithm.check_options(ctx.options))
+    bound = estimate(name, ctx, parts)
+    if bound is not None and bound > limit:
+        split = f" in {len(parts):,} partitions" if len(parts) > 1 else ""
+        raise ValueError(f"{name} over {ctx.workers} workers{split} is {bound:,} transfers per allreduce, more than "
+                         f"the {limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
+    with transfer_budget(limit, name):
+        built = [(part, algorithm.build(ctx, size, part.offset, part.length)) for part in parts]
+    held = sum(len(step) for _, schedule in built for step in schedule.steps)
+    if held > limit:
+        raise ValueError(f"{name} over {ctx.workers} workers holds {held:,} transfers per allreduce, more than the "
+                         f"{limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
+    return built
+
+
+from orchestrator.collectives import algorithms as _builtins  # noqa: E402,F401  registers the built-ins

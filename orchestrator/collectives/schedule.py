@@ -19,8 +19,10 @@ address on that NIC's subnet, so routing takes the intended NIC.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -36,9 +38,46 @@ class Transfer:
     op: Op
     nic: int | None = None
 
+    def __post_init__(self) -> None:
+        budget = _budget.get()
+        if budget is not None:
+            budget.spend()
+
     @property
     def end(self) -> int:
         return self.offset + self.length
+
+
+class _Budget:
+    """Transfers an algorithm may still make while building (registry.schedules sets it):
+    the guard that bounds a plugin's schedule, or a built-in's beyond its estimate."""
+
+    # an algorithm may make and drop some transfers (empty ranges, NIC variants): the guard
+    # allows twice the budget, the count of what the schedules hold is checked afterwards
+    SLACK = 2
+
+    def __init__(self, limit: int, algorithm: str) -> None:
+        self.limit, self.algorithm, self.left = limit, algorithm, limit * self.SLACK
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError(f"{self.algorithm} made more than {self.limit * self.SLACK:,} transfers while building one "
+                             f"allreduce, beyond the {self.limit:,} one run may hold: use fewer servers, larger "
+                             "partitions or another algorithm")
+
+
+_budget: ContextVar[_Budget | None] = ContextVar("transfer_budget", default=None)
+
+
+@contextmanager
+def transfer_budget(limit: int, algorithm: str) -> Iterator[None]:
+    """Within it, making more than 2 × `limit` transfers raises ValueError."""
+    token = _budget.set(_Budget(limit, algorithm))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
 
 
 @dataclass

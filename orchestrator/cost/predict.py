@@ -13,6 +13,7 @@ from orchestrator.cost.network import Network
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, simulate
 from orchestrator.topology import Topology
+from orchestrator.topology.model import L2_TREE_ENTRIES
 
 Schedules = Sequence[tuple[Partition, Schedule]]
 
@@ -81,6 +82,7 @@ def predict_schedules(
     routes: Routes | None = None,
 ) -> Prediction:
     """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`."""
+    check_path_work(topology, schedules)
     routes = routes or Routes(topology)
     run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize)
     size = sum(part.length for part, _ in schedules) * itemsize
@@ -93,6 +95,33 @@ def predict_schedules(
         key=lambda load: (-load.bytes, load.link),
     )
     return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events)
+
+
+# Path-search steps one prediction may take before it simulates anything: about 10 µs each
+# here, so ~20 s at the limit (fattree,8's mesh, 16,256 pairs over 16 ECMP paths, is 1.8 M).
+MAX_PATH_WORK = 2_000_000
+
+
+def check_path_work(topology: Topology, schedules: Schedules) -> None:
+    """Refuse, before any path is searched, a prediction whose path search alone would take
+    too long: every distinct (sender, receiver, NIC) is one connection, whose paths cost about
+    the ECMP paths between two far servers × their length; a sender's L2 segment is searched
+    once if every sender's search fits the topology's cache, else once per connection."""
+    pairs = {(t.src, t.dst, t.nic) for _, schedule in schedules for step in schedule.steps for t in step}
+    if not pairs:
+        return
+    senders = len({(src, nic) for src, _, nic in pairs})
+    servers = topology.servers
+    far = topology.paths(servers[0].name, servers[-1].name) if len(servers) > 1 else [[]]
+    per_pair = len(far) * max(len(path) for path in far)
+    widest = topology.widest_segment
+    l2 = senders * widest if senders * widest <= L2_TREE_ENTRIES else len(pairs) * widest
+    work = len(pairs) * per_pair + l2
+    if work > MAX_PATH_WORK:
+        raise ValueError(f"{len(pairs):,} connections over {len(far)} equal-cost path{'s' * (len(far) != 1)} of up to "
+                         f"{max(len(path) for path in far)} nodes on L2 segments of up to {widest:,} interfaces are about "
+                         f"{work:,} path-search steps, more than the {MAX_PATH_WORK:,} one prediction may take: "
+                         "use fewer servers or another algorithm")
 
 
 def build_schedules(

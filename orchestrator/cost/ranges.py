@@ -23,6 +23,9 @@ class Ranges(Generic[T]):
     def __init__(self) -> None:
         self.pieces: list[list] = []  # [lo, hi, step, items], sorted by lo
         self.ends: list[int] = []  # hi of each piece, for bisection
+        # touching()'s answers since the last change: the transfers of one step that read
+        # one range (a mesh owner's n−1 sends) share one list instead of n−1 copies
+        self._touching: dict[tuple[int, int], list] = {}
 
     def _span(self, lo: int, hi: int) -> tuple[int, int]:
         """Index range of the pieces overlapping [lo, hi)."""
@@ -59,6 +62,7 @@ class Ranges(Generic[T]):
         of the same step."""
         if lo >= hi:
             return
+        self._touching.clear()
         first, last = self._inside(lo, hi)
         for piece in self.pieces[first:last]:
             if piece[2] < step:
@@ -69,6 +73,7 @@ class Ranges(Generic[T]):
     def add(self, lo: int, hi: int, item: T) -> None:
         if lo >= hi:
             return
+        self._touching.clear()
         first, last = self._inside(lo, hi)
         for piece in self.pieces[first:last]:
             piece[3].append(item)
@@ -77,12 +82,17 @@ class Ranges(Generic[T]):
         first, last = self._span(lo, hi)
         if first == last:
             return
+        self._touching.clear()
         first, last = self._inside(lo, hi)
         for piece in self.pieces[first:last]:
             piece[3] = []
 
     def touching(self, lo: int, hi: int) -> list[tuple[T, int, int]]:
-        """(item, lo', hi'): each item over [lo, hi), with the span of its pieces there."""
+        """(item, lo', hi'): each item over [lo, hi), with the span of its pieces there. The
+        list is shared by calls with the same range until the next change: do not modify it."""
+        known = self._touching.get((lo, hi))
+        if known is not None:
+            return known
         spans: dict[int, list] = {}
         first, last = self._span(lo, hi)
         for a, b, _, items in self.pieces[first:last]:
@@ -93,4 +103,5 @@ class Ranges(Generic[T]):
                     spans[id(item)] = [item, a, b]
                 else:
                     span[1], span[2] = min(span[1], a), max(span[2], b)
-        return [tuple(span) for span in spans.values()]
+        found = self._touching[(lo, hi)] = [tuple(span) for span in spans.values()]
+        return found

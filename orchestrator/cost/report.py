@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 from orchestrator import topology as topology_lib
 from orchestrator.collectives import registry
+from orchestrator.collectives.partition import MAX_GRADIENT_BYTES
 from orchestrator.cost.closed_forms import Form, closed_form
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules, build_schedules, predict_schedules
@@ -78,16 +79,23 @@ def predict_lab(
     """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run."""
     if algorithm not in registry.ALGORITHMS:
         raise BadUsage(f"unknown algorithm {algorithm!r}: choose one of {', '.join(sorted(registry.ALGORITHMS))}")
+    if size_bytes > MAX_GRADIENT_BYTES:
+        raise BadUsage(f"--size: {size_bytes:,} bytes is more than the {MAX_GRADIENT_BYTES:,} any run takes: "
+                       "give a gradient size such as 25MB or 1G")
+    try:
+        options = registry.check_options(algorithm, options)
+    except ValueError as exc:
+        raise BadUsage(f"--option: {exc}") from None
     topology = topology_lib.from_lab(lab)
     try:
         network = Network.from_links(lab.links, efficiency, latency)
         schedules, nodes = build_schedules(topology, algorithm, size_bytes, workers, options, partition_bytes)
         whole, _ = build_schedules(topology, algorithm, size_bytes, workers, options) if partition_bytes else (schedules, nodes)
-    except (ValueError, TypeError) as exc:
+        if callable(chunk_bytes):
+            chunk_bytes = chunk_bytes(schedules, credit_bytes)
+        prediction = predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes)
+    except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers
         raise BadUsage(f"{algorithm} on {lab.name}: {exc}") from None
-    if callable(chunk_bytes):
-        chunk_bytes = chunk_bytes(schedules, credit_bytes)
-    prediction = predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes)
     form = closed_form(whole[0][1], topology) if whole else None
     return Report(lab.name, topology.kind, dict(topology.params), prediction, form, chunk_bytes, credit_bytes,
                   len(schedules))

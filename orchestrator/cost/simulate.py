@@ -47,6 +47,14 @@ from orchestrator.cost.routes import Routes
 # (agent/plan.py DEFAULT_CHUNK_BYTES; the model may not import the agent).
 DEFAULT_CHUNK_BYTES = 512 * 1024
 _TIME_SLACK = 1e-9  # events this close (relative to the time to the next one) are simultaneous
+# Flow updates (live transfers summed over events) one prediction may take: the event loop's
+# time is proportional to them, about 20 s for MAX_WORK on this project's 2-core machines
+# (a ring's events grow with its transfers and so do the transfers live at each: n³).
+MAX_WORK = 4_000_000
+
+
+class ModelTooLarge(ValueError):
+    """A prediction that would take longer than one may (MAX_WORK flow updates)."""
 
 
 @dataclass(eq=False)
@@ -140,6 +148,7 @@ class _Run:
         chunk_bytes: int,
         credit_bytes: int,
         itemsize: int,
+        max_work: int = 0,
     ) -> None:
         self.routes = routes
         self.network = network
@@ -169,6 +178,8 @@ class _Run:
         self.live: dict[int, Flow] = {}  # id → started, unfinished flows, in start order
         self.now = 0.0
         self.events = 0
+        self.work = 0  # flow updates so far: what the event loop's time grows with
+        self.max_work = max_work
 
     def _add(self, p: int, schedule: Schedule, nodes: Sequence[str], chunk: int, itemsize: int) -> None:
         """The flows of partition `p`, each with the earlier ones it waits for (see `ranges`)."""
@@ -254,6 +265,12 @@ class _Run:
         while self.live:
             self.events += 1
             flows = list(self.live.values())
+            self.work += len(flows)
+            if self.work > self.max_work:
+                raise ModelTooLarge(f"the model re-shared bandwidth {self.events:,} times among up to {len(flows):,} "
+                                    f"transfers ({self.work:,} flow updates) and is not done: more than the "
+                                    f"{self.max_work:,} one prediction may take; use fewer servers or a larger "
+                                    "message size")
             for flow in flows:
                 flow.gate = (flow.blocked_at() - flow.lo) * flow.itemsize
                 if flow.flowing_at is None and flow.gate > 0:
@@ -331,9 +348,10 @@ def simulate(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     credit_bytes: int = 0,
     itemsize: int = 4,
+    max_work: int = MAX_WORK,
 ) -> Simulation:
     """Simulate one allreduce of [(Partition, Schedule)] (priority order) with rank r on
-    server `nodes[r]` of `routes.topology`."""
-    run = _Run(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize)
+    server `nodes[r]` of `routes.topology`; ModelTooLarge beyond `max_work` flow updates."""
+    run = _Run(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, max_work)
     seconds = run.run()
     return Simulation(seconds, run.flows, run.link_bytes(), routes, run.events)

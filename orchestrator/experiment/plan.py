@@ -12,7 +12,7 @@ from orchestrator import topology as topology_lib
 from orchestrator.agent.plan import chunk_bytes
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import partitions
+from orchestrator.collectives.partition import MAX_GRADIENT_BYTES, partitions
 from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.experiment import workloads
@@ -83,13 +83,46 @@ def context(point: RunPoint, ranks: Layout) -> Context:
     return Context(len(ranks.workers), topology_of(point.lab), ranks.nodes, dict(point.algorithm.options))
 
 
-def predict_point(spec: ExperimentSpec, point: RunPoint, source: str) -> PlannedPoint:
+# What one agent holds beyond its gradient buffer (the bench of record: at most 73 MiB).
+AGENT_OVERHEAD_BYTES = 96 << 20
+# Of the memory the plan is given (the host's MemAvailable), what the agents may take.
+AGENT_MEMORY_SHARE = 0.8
+
+
+def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], ranks: Layout, source: str, memory: int | None) -> None:
+    """The gradient against the agents' memory, before anything is sized by it: every agent
+    holds one buffer of it (SpecError naming the workload field, the figure and the limit)."""
+    size = sum(tensors) * workloads.ITEMSIZE
+    field = "sweep.sizes" if spec.sweep.sizes else "agents.workload"
+    if size > MAX_GRADIENT_BYTES:
+        raise SpecError(f"{source}: {field}: a gradient of {size:,} bytes (run {point.id}) is more than the "
+                        f"{MAX_GRADIENT_BYTES:,} any run takes: give a smaller size or scale")
+    need = size + AGENT_OVERHEAD_BYTES
+    limit = point.lab.servers.memory
+    if point.lab.servers.runtime == "docker" and limit is not None and need > limit:
+        raise SpecError(f"{source}: {field}: each agent needs about {need >> 20:,} MiB (the {size:,}-byte gradient and "
+                        f"{AGENT_OVERHEAD_BYTES >> 20} MiB) and servers.memory is {limit >> 20:,} MiB (run {point.id}): "
+                        "raise servers.memory or give a smaller size")
+    agents = len(ranks.nodes)
+    if memory is not None and agents * need > memory * AGENT_MEMORY_SHARE:
+        raise SpecError(f"{source}: {field}: {agents} agents of about {need >> 20:,} MiB each need "
+                        f"{agents * need >> 20:,} MiB (run {point.id}), more than {AGENT_MEMORY_SHARE:.0%} of the "
+                        f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
+
+
+def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: int | None = None) -> PlannedPoint:
     """The point's layout and prediction, as the driver will build them; SpecError naming
-    the point if its algorithm cannot run there."""
+    the point if its algorithm cannot run there, or if it would not fit `memory` bytes (the
+    host's available memory, when known)."""
     ranks = layout(point, source)
     tensors = workloads.tensors(point.workload)
+    check_memory(spec, point, tensors, ranks, source, memory)
     partitioning = point.partitioning
-    parts = partitions(tensors, partitioning.partition_bytes)
+    try:
+        parts = partitions(tensors, partitioning.partition_bytes)
+    except ValueError as exc:
+        field = "sweep.partitionings" if spec.sweep.partitionings else "partitioning"
+        raise SpecError(f"{source}: {field}.{exc} (run {point.id})") from None
     try:
         schedules = registry.schedules(point.algorithm.name, context(point, ranks), sum(tensors), parts)
         if schedules and schedules[0][1].ranks != len(ranks.nodes):
@@ -102,11 +135,14 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str) -> Planned
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"{exc}") from None
     try:
-        faults = plan_faults(spec.faults, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name)
+        faults = plan_faults(spec.faults, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name,
+                             iterations=spec.iterations)
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
     return PlannedPoint(point, ranks, tensors, prediction, faults)
 
 
-def make_plan(spec: ExperimentSpec, source: str = "experiment") -> Plan:
-    return Plan(spec, variants(spec), [predict_point(spec, point, source) for point in expand(spec)])
+def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None) -> Plan:
+    """Every point planned and predicted; `memory`: bytes the agents may use on this host
+    (MemAvailable; None skips that check, as a plan for another machine would)."""
+    return Plan(spec, variants(spec), [predict_point(spec, point, source, memory) for point in expand(spec)])

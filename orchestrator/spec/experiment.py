@@ -30,7 +30,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator,
+                      model_validator)
 
 from orchestrator import units
 from orchestrator.spec.lab import Bytes, LabSpec, Name, Rate, TopologySpec
@@ -115,6 +116,16 @@ class AlgorithmSpec(_Strict):
         if name not in ALGORITHMS:
             raise ValueError(f"{units.shown(name)} is no algorithm: use one of {', '.join(ALGORITHMS)}")
         return name
+
+    @field_validator("options")
+    @classmethod
+    def _options_fit(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Validated by the algorithm's own options model (unknown keys, bad booleans and
+        out-of-range counts refused here, before a plan is sized by them)."""
+        from orchestrator.collectives.registry import check_options  # pure: the table of algorithms
+
+        name = info.data.get("name")
+        return options if name is None else check_options(name, options)
 
     @property
     def key(self) -> str:
@@ -242,5 +253,8 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     if isinstance(lab, str):
         if not lab.strip():
             raise SpecError(f"{display_path(path)}: lab: empty: give a lab file or a lab mapping")
-        data = {**data, "lab": load(LabSpec, path.parent / lab).model_dump(mode="json")}
+        try:
+            data = {**data, "lab": load(LabSpec, path.parent / lab).model_dump(mode="json")}
+        except SpecError as exc:  # the lab file's own line, said as part of this file's `lab:`
+            raise SpecError(f"{display_path(path)}: lab: {exc}") from None
     return validate(ExperimentSpec, data, str(path))

@@ -40,6 +40,11 @@ FORWARDING_SYSCTLS = {
 }
 
 
+# Entries of the L2 search trees a topology keeps (one tree per interface a path starts
+# from, an entry per interface it reaches): about 100 bytes each, so at most ~150 MB.
+L2_TREE_ENTRIES = 1_500_000
+
+
 @dataclass(frozen=True)
 class Interface:
     name: str
@@ -141,6 +146,9 @@ class Topology:
             self._wire[link.a] = link.b
             self._wire[link.b] = link.a
         self._tables: dict[str, _Table] = {}
+        self._l2_trees: dict[Endpoint, dict[Endpoint, Endpoint]] = {}
+        self._l2_entries = 0
+        self._bridge_ports: dict[Endpoint, list[Endpoint]] = {}
 
     # -- inventory --------------------------------------------------------------------------
     @property
@@ -266,21 +274,55 @@ class Topology:
     def _l2_path(self, start: Endpoint, gateway: ipaddress.IPv4Address) -> list[str] | None:
         """Nodes crossed from `start` (exclusive) to the owner of `gateway` on its L2 segment."""
         goal = self.owner(gateway)
-        if goal is None:
+        if goal is None or goal == start:
             return None
-        seen = {start}
-        queue: deque[tuple[Endpoint, list[str]]] = deque([(start, [start.node])])
+        parents = self._l2_tree(start)
+        if goal not in parents:
+            return None
+        chain = []
+        here = goal
+        while here != start:
+            chain.append(here)
+            here = parents[here]
+        crossed = [start.node]
+        for endpoint in reversed(chain):
+            if crossed[-1] != endpoint.node:
+                crossed.append(endpoint.node)
+        return crossed[1:]
+
+    def _l2_tree(self, start: Endpoint) -> dict[Endpoint, Endpoint]:
+        """The breadth-first tree of `start`'s L2 segment (endpoint → the one it was reached
+        from), computed once per start: a path of one pair then costs its length, not the
+        segment's size (a 200-server star's mesh took 75 s searching the bridge per pair).
+        At most L2_TREE_ENTRIES entries are kept, the oldest trees dropped first."""
+        parents = self._l2_trees.get(start)
+        if parents is not None:
+            return parents
+        parents = {start: start}
+        queue: deque[Endpoint] = deque([start])
         while queue:
-            here, crossed = queue.popleft()
+            here = queue.popleft()
             for there in self._segment_neighbours(here):
-                if there in seen:
-                    continue
-                seen.add(there)
-                trail = crossed if crossed[-1] == there.node else crossed + [there.node]
-                if there == goal:
-                    return trail[1:]
-                queue.append((there, trail))
-        return None
+                if there not in parents:
+                    parents[there] = here
+                    queue.append(there)
+        self._l2_entries += len(parents)
+        while self._l2_entries > L2_TREE_ENTRIES and self._l2_trees:
+            self._l2_entries -= len(self._l2_trees.pop(next(iter(self._l2_trees))))
+        self._l2_trees[start] = parents
+        return parents
+
+    @functools.cached_property
+    def widest_segment(self) -> int:
+        """Interfaces of the largest L2 segment (a bridge's ports, their wires' far ends and
+        the bridge; 2 for a point-to-point wire): what one path search may have to cross."""
+        widest = 2
+        for node in self.nodes.values():
+            for iface in node.interfaces.values():
+                if iface.is_bridge:
+                    ports = sum(1 for port in node.interfaces.values() if port.master == iface.name)
+                    widest = max(widest, 2 * ports + 1)
+        return widest
 
     def _segment_neighbours(self, here: Endpoint) -> Iterator[Endpoint]:
         """Interfaces one L2 step away: the wire's far end, bridge to port, port to bridge."""
@@ -292,9 +334,11 @@ class Topology:
         if iface.master is not None:
             yield Endpoint(here.node, iface.master)
         if iface.is_bridge:
-            for port in node.interfaces.values():
-                if port.master == iface.name:
-                    yield Endpoint(here.node, port.name)
+            ports = self._bridge_ports.get(here)
+            if ports is None:
+                ports = self._bridge_ports[here] = [Endpoint(here.node, port.name) for port in node.interfaces.values()
+                                                    if port.master == iface.name]
+            yield from ports
 
     def hop_counts(self, path: list[str]) -> tuple[int, int]:
         """(links, switches) crossed by a node path."""

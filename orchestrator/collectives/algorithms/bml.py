@@ -60,7 +60,8 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from orchestrator.collectives.algorithms.levels import Coords, level_coords, stage_groups, topology_ranks, with_coord
+from orchestrator.collectives.algorithms.levels import (Coords, FailedOptions, level_coords, stage_groups, stage_transfers,
+                                                         topology_ranks, with_coord)
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 
@@ -126,6 +127,13 @@ def owners(ctx: Context) -> list[list[str]]:
     schedule = build(ctx, 0, 0, 0)
     names = {rank: name for name, rank in ranks.items()}
     return [[names[r] for r in group] for group in schedule.meta["owners"]]
+
+
+Options = FailedOptions
+
+
+def transfers(ctx: Context, length: int) -> int:
+    return stage_transfers(ctx) * (2 if ctx.option("failed") else 1)  # detours: at most as many again
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from pydantic import Field
+
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import AlgorithmOptions
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 
 
@@ -80,6 +83,18 @@ def _tree_steps(parents: list[int], pieces: list[tuple[int, int]]) -> dict[int, 
             for child in children[v]:
                 steps[top + depth[v] + c].append(Transfer(v, child, *piece, "copy"))
     return steps
+
+
+# pieces per half: beyond this a pipeline is messages of a few bytes, and a plan that size
+MAX_PIPELINE = 1024
+
+
+class Options(AlgorithmOptions):
+    pipeline: int = Field(1, strict=True, ge=1, le=MAX_PIPELINE, description="pieces each half is cut into")
+
+
+def transfers(ctx: Context, length: int) -> int:
+    return 4 * max(0, ctx.workers - 1) * int(ctx.option("pipeline", 1))
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Annotated, Optional
+
+from pydantic import Field
 
 from orchestrator.collectives.algorithms.mesh import mesh_steps
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import MAX_RANKS, AlgorithmOptions
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 
 ALPHA = 20e-6  # s per level phase
@@ -81,6 +85,18 @@ def widths_of(ctx: Context, length: int) -> tuple[int, ...]:
     if any(w < 1 for w in widths) or math.prod(widths) != n:
         raise ValueError(f"flextree: widths {list(widths)} must be positive with product {n} (the workers)")
     return widths
+
+
+class Options(AlgorithmOptions):
+    widths: Optional[list[Annotated[int, Field(strict=True, ge=1, le=MAX_RANKS)]]] = Field(
+        None, min_length=1, max_length=12, description="group width per level, product = workers")
+    alpha: float = Field(ALPHA, ge=0, le=10, description="s per level phase, for choosing widths")
+    beta: float = Field(BETA, ge=0, le=1, description="s per byte, for choosing widths")
+    flow_alpha: Optional[float] = Field(None, ge=0, le=10, description="s per flow (default alpha)")
+
+
+def transfers(ctx: Context, length: int) -> int:
+    return sum(2 * ctx.workers * (w - 1) for w in widths_of(ctx, length))
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -68,6 +68,14 @@ def hd_steps(ranks: Sequence[int], offset: int, length: int, nic: int | None = N
     return scatter + gather
 
 
+def transfers(ctx: Context, length: int) -> int:
+    n = ctx.workers
+    if n < 2:
+        return 0
+    d = n.bit_length() - 1
+    return 2 * (n - (1 << d)) + 2 * d * (1 << d)
+
+
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:
     length = size - offset if length is None else length
     n = ctx.workers

@@ -32,6 +32,7 @@ a power of two. One NIC per server, so `nic` stays None.
 
 from __future__ import annotations
 
+from orchestrator.collectives.algorithms.halving_doubling import transfers as hd_transfers
 from orchestrator.collectives.algorithms.levels import topology_ranks
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
@@ -85,6 +86,10 @@ def _halving_doubling(ranks: list[int], offset: int, length: int) -> list[list[T
         gather.append([Transfer(ranks[v], ranks[v ^ t], *segment[v], "copy") for v in range(p)])
         segment = before
     return scatter + gather
+
+
+def transfers(ctx: Context, length: int) -> int:
+    return hd_transfers(ctx, length)
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import math
 
+from typing import Optional
+
+from pydantic import Field
+
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import MAX_RANKS, AlgorithmOptions
 from orchestrator.collectives.algorithms.ring import ring_allgather, ring_reduce_scatter
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
 
@@ -40,6 +45,16 @@ def _topology_groups(ctx: Context) -> list[list[int]] | None:
     if len({len(g) for g in mapped}) != 1 or sorted(r for g in mapped for r in g) != list(range(ctx.workers)):
         return None
     return mapped
+
+
+class Options(AlgorithmOptions):
+    group: Optional[int] = Field(None, strict=True, ge=1, le=MAX_RANKS, description="ranks per group")
+
+
+def transfers(ctx: Context, length: int) -> int:
+    groups = groups_of(ctx)
+    x, g = len(groups[0]), len(groups)
+    return 2 * ctx.workers * (x - 1) + 2 * ctx.workers * (g - 1)
 
 
 def groups_of(ctx: Context) -> list[list[int]]:

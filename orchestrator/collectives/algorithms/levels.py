@@ -3,7 +3,12 @@ that HiPS, BML and HDRM build their stages on, and the check that a context fits
 
 from __future__ import annotations
 
+from typing import Annotated, Optional, Union
+
+from pydantic import Field, field_validator
+
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import MAX_RANKS, AlgorithmOptions
 from orchestrator.topology import Topology
 
 Coords = tuple[int, ...]  # indexed by level (BCube) or dimension (torus)
@@ -53,3 +58,37 @@ def stage_groups(coords: list[Coords], base: int, level: int) -> list[list[int]]
     return [
         [index[with_coord(c, level, v)] for v in range(base)] for c in coords if c[level] == 0
     ]
+
+
+class FailedOptions(AlgorithmOptions):
+    """HiPS and BML: the servers that failed (names, or one comma-separated string)."""
+
+    failed: Optional[Union[list[Annotated[str, Field(max_length=64)]], Annotated[str, Field(max_length=65536)]]] = Field(
+        None, description="failed servers, e.g. [h11] or h11,h22")
+
+    @field_validator("failed")
+    @classmethod
+    def _names(cls, value):
+        if isinstance(value, str):  # `-o failed=h11,h22`: names, not a string's letters
+            value = [name.strip() for name in value.split(",") if name.strip()]
+        if value is not None and len(value) > MAX_RANKS:
+            raise ValueError(f"at most {MAX_RANKS} servers")
+        return value
+
+
+def stage_transfers(ctx: Context) -> int:
+    """Transfers of HiPS (and healthy BML): h parts through h stages of meshes among `base`
+    (BCube: 2 per pair and stage) or of ± rings (torus: 4)."""
+    topology = ctx.topology
+    if topology is None or topology.kind not in ("bcube", "torus"):
+        return 0  # the build refuses it before making anything
+    base, h = level_coords_shape(topology)
+    factor = 2 if topology.kind == "bcube" else 4
+    return factor * h * h * ctx.workers * (base - 1)
+
+
+def level_coords_shape(topology: Topology) -> tuple[int, int]:
+    """(base, levels) of a BCube or torus, from its facts alone."""
+    if topology.kind == "bcube":
+        return topology.facts["n"], topology.facts["levels"]
+    return topology.facts["k"], topology.facts["d"]

@@ -28,6 +28,10 @@ def mesh_steps(
     return scatter, gather
 
 
+def transfers(ctx: Context, length: int) -> int:
+    return 2 * ctx.workers * (ctx.workers - 1)
+
+
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:
     length = size - offset if length is None else length
     schedule = Schedule("mesh", ctx.workers, size)

@@ -15,8 +15,25 @@ N = 1 needs no communication: no steps.
 
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import Field
+
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import MAX_RANKS, AlgorithmOptions
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
+
+
+class Options(AlgorithmOptions):
+    shards: Optional[int] = Field(None, strict=True, ge=1, le=MAX_RANKS, description="M, default the workers")
+    colocated: bool = Field(False, description="shards on the workers instead of separate servers")
+
+
+def transfers(ctx: Context, length: int) -> int:
+    n, shards = ctx.workers, int(ctx.option("shards", ctx.workers))
+    if n < 2:
+        return 0
+    return 2 * shards * (n - 1 if ctx.option("colocated", False) else n)
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -7,13 +7,30 @@ on around the ring the same way. Each rank sends 2(N−1)/N · S bytes.
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
+from pydantic import Field
+
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.options import MAX_RANKS, AlgorithmOptions
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
+
+
+class Options(AlgorithmOptions):
+    order: Optional[list[Annotated[int, Field(strict=True, ge=0, lt=MAX_RANKS)]]] = Field(
+        None, max_length=MAX_RANKS, description="the ranks in ring order, each worker once")
 
 
 def ring_order(ctx: Context) -> list[int]:
     """Ranks in ring order: as given by the `order` option, else 0..N−1."""
-    return list(ctx.option("order", range(ctx.workers)))
+    order = list(ctx.option("order", range(ctx.workers)))
+    if sorted(order) != list(range(ctx.workers)):
+        raise ValueError(f"ring: order must list each of the {ctx.workers} workers (0 to {ctx.workers - 1}) once")
+    return order
+
+
+def transfers(ctx: Context, length: int) -> int:
+    return 2 * ctx.workers * (ctx.workers - 1)
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

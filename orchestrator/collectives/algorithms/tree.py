@@ -17,6 +17,10 @@ from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer
 
 
+def transfers(ctx: Context, length: int) -> int:
+    return 2 * max(0, ctx.workers - 1)
+
+
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:
     length = size - offset if length is None else length
     n = ctx.workers
