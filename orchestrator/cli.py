@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.errors import BadUsage, MonitorError, TestbedError
 
@@ -457,7 +458,7 @@ def predict(
     bandwidth: Optional[str] = typer.Option(None, help="override links.bandwidth, e.g. 100Mbit"),
     latency: str = typer.Option("0us", help="α: per-message latency, e.g. 50us"),
     efficiency: Optional[float] = typer.Option(None, help="payload share of a link (default: TCP's at the MTU, 0.956 at 1500)"),
-    top: int = typer.Option(8, help="busiest link directions to list"),
+    top: int = typer.Option(8, help="busiest link directions to list (0: none)"),
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
 ) -> None:
     """Predict an allreduce's time on a lab from the schedule the agents would run (no root)."""
@@ -472,6 +473,8 @@ def predict(
         except ValueError as exc:
             raise BadUsage(f"{flag}: {exc}") from None
 
+    if top < 0:
+        raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
@@ -621,7 +624,8 @@ def grafana_export(
 @app.command("run")
 def run_experiment(
     experiment: Path = typer.Argument(..., help="experiment file (YAML), e.g. experiments/smoke.yaml"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="results directory (default results/NAME-UTCTIME); never overwritten"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="results directory (default results/NAME-UTCTIME); "
+                                           "a new one: never overwritten; '..' only after existing directories"),
     keep: bool = typer.Option(False, "--keep", help="leave the labs, agents and Prometheus up for exploration"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, print the plan and the predictions; no root"),
 ) -> None:
@@ -662,21 +666,26 @@ def run_experiment(
 
 @app.command("report")
 def report_command(directory: Path = typer.Argument(..., help="a results directory of `testbed run`")) -> None:
-    """Render a results directory again from its results.json: CSV, plots, summary.md."""
+    """Render a results directory again from its results.json: CSV, plots, summary.md.
+
+    results.json is checked before anything is drawn, and nothing is written through a
+    symlink: each refusal is one line (exit 2)."""
     from orchestrator.experiment.report import render
     from orchestrator.experiment.results import load
 
     results = load(directory)
     written = render(directory, results)
     _print_results(results)
-    out.print(f"wrote {', '.join(p.name for p in written)} in {directory}", highlight=False)
+    out.print(f"wrote {', '.join(p.relative_to(directory).as_posix() for p in written)} in {directory}",
+              highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("compare")
 def compare_command(
     first: Path = typer.Argument(..., help="results directory A"),
     second: Path = typer.Argument(..., help="results directory B"),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="also write the comparison as Markdown here"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="also write the comparison as Markdown here "
+                                                                "(not through a symlink)"),
 ) -> None:
     """Two runs side by side: per matching point (topology, rate, size, algorithm) each run's
     GST, measured/predicted and verdict, and B's GST over A's."""
@@ -684,16 +693,15 @@ def compare_command(
     from orchestrator.experiment.results import load
 
     a, b = load(first), load(second)
-    table = Table(*compare.HEADER, title=f"A: {first}   B: {second}")
-    for row in compare.rows(a, b):
-        table.add_row(*row.cells())
-    out.print(table)
+    table = Table(title=Text(f"A: {first}   B: {second}"))
+    for name in compare.HEADER:
+        table.add_column(name, overflow="fold")
+    for row in compare.rows(a, b):  # Text: a file's names are not rich markup
+        table.add_row(*map(Text, row.cells()))
+    _print_whole(table)
     if out_file is not None:
-        try:
-            out_file.write_text(compare.markdown(a, b, first, second))
-        except OSError as exc:
-            raise BadUsage(f"--out {out_file}: cannot write it: {exc.strerror or exc}") from None
-        out.print(f"wrote {out_file}", highlight=False)
+        written = compare.write(out_file, compare.markdown(a, b, first, second))
+        out.print(f"wrote {written}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_plan(plan) -> None:
@@ -714,14 +722,30 @@ def _print_plan(plan) -> None:
 
 
 def _print_results(results: dict) -> None:
+    """The run's table, every cell whole: the point's name, its ratio, checker and verdict
+    are what the run is for, on a terminal or in a pipe or CI log."""
     from orchestrator.experiment.report import TABLE_HEADER, table_rows
 
-    shown = ("point", "status", "GST mean s", "sync s, no fault", "predicted s", "ratio", "busbw Mbit/s", "faults")
+    shown = ("point", "status", "GST mean s", "sync s, no fault", "predicted s", "ratio", "busbw Mbit/s", "faults",
+             "checker", "verdict")
     columns = [TABLE_HEADER.index(name) for name in shown]
-    table = Table(*shown, title=f"{results['experiment']['name']}: {results['status']}")
-    for row in table_rows(results):
-        table.add_row(*(row[i] for i in columns))
-    out.print(table)
+    table = Table(title=Text(f"{results['experiment']['name']}: {results['status']}"))
+    for name in shown:
+        table.add_column(name, overflow="fold")
+    for row in table_rows(results):  # Text: a file's names are not rich markup
+        table.add_row(*(Text(row[i]) for i in columns))
+    _print_whole(table)
+
+
+def _print_whole(table: Table) -> None:
+    """`table` with no cell cut: as wide as it needs where the output is not a terminal (a
+    pipe, a file, a CI log: rich would assume 80 columns and end cells with "…"); on a
+    terminal, a cell too long for it folds onto more lines instead."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    needed = out.measure(table, options=out.options.update_width(100_000)).maximum
+    Console(file=out.file, width=max(needed, out.width), no_color=out.no_color, highlight=False).print(table)
 
 
 class _ExperimentProgress:

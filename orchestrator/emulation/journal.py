@@ -23,20 +23,23 @@ lab whose status is `building` while nobody holds its lock was built by a proces
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
-from orchestrator.errors import BadLabName, LabBusy, LabNotFound
+from orchestrator.errors import BadLabName, BadUsage, LabBusy, LabNotFound
 from orchestrator.spec.lab import NAME_PATTERN, NAME_RULE
 
 
@@ -172,6 +175,98 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_inside(directory: Path, relative: str | Path, content: str | bytes | Callable[[BinaryIO], object]) -> Path:
+    """`content` into directory/relative, whole or not at all, following no symlink.
+
+    For the files a user's directory receives (`report`, `compare --out`, `grafana export`,
+    results.json): `directory` itself and each folder of `relative` are opened with
+    O_NOFOLLOW (a missing folder of `relative` is made; `directory` must exist), the file is
+    written to a new temporary file beside its name (O_EXCL) and renamed over the name, which
+    replaces whatever is there instead of writing through it. A symlink at the name, at a
+    folder or at `directory` is refused before anything is written. `content` is text, bytes,
+    or a function writing to the open binary file (matplotlib's savefig takes one).
+
+    Every refusal and OSError is one BadUsage line naming the path and what to do.
+    """
+    directory = Path(directory)
+    parts = Path(relative).parts
+    if not parts or any(part in ("", ".", "..") or "/" in part for part in parts) or Path(relative).is_absolute():
+        raise ValueError(f"write_inside: {relative!r} is not a plain relative path")
+    where, fd = directory, None
+    try:
+        fd = _open_directory(directory, None, create=False)
+        for part in parts[:-1]:
+            where = where / part
+            inner = _open_directory(part, fd, create=True)
+            os.close(fd)
+            fd = inner
+        where = where / parts[-1]
+        _write_file(fd, parts[-1], content)
+    except OSError as exc:
+        raise BadUsage(_write_refusal(where, exc)) from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return directory / Path(*parts)
+
+
+def _open_directory(name: str | Path, dir_fd: int | None, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+    return os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+
+
+def _write_file(fd: int, name: str, content) -> None:
+    try:
+        if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+    except FileNotFoundError:
+        pass
+    temporary = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+    handle_fd = os.open(temporary, _NEW_FILE_FLAGS, 0o644, dir_fd=fd)
+    try:
+        with os.fdopen(handle_fd, "wb") as handle:
+            if callable(content):
+                content(handle)
+            else:
+                handle.write(content.encode() if isinstance(content, str) else content)
+        os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=fd)
+        except OSError:
+            pass
+        raise
+
+
+def _write_refusal(where: Path, exc: OSError) -> str:
+    """One line: which path, what is wrong with it, what to do."""
+    from orchestrator.spec.loader import display_path
+
+    shown = display_path(where)
+    # O_NOFOLLOW | O_DIRECTORY on a symlink fails with ENOTDIR, not ELOOP
+    if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(where)):
+        return (f"{shown}: is a symlink; testbed writes no file through a symlink: remove the link, or give a "
+                f"path that is not one")
+    if exc.errno == errno.ENOTDIR:
+        return f"{shown}: is not a directory (or a folder on its way is not): give a directory"
+    if exc.errno == errno.EISDIR:
+        return f"{shown}: is a directory, where a file is written: move it away, or give another path"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"{shown}: cannot write there: {exc.strerror}: run as a user who may write in that directory, "
+                f"or copy it somewhere you can write")
+    if exc.errno == errno.ENOENT:
+        return f"{shown}: no such directory: give an existing one"
+    return f"{shown}: cannot write: {exc.strerror or exc}"
 
 
 @dataclass

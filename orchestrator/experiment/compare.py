@@ -4,12 +4,18 @@ Points are matched by what they measured — topology, link rate, gradient size,
 partitioning, algorithm —
 not by position, so two runs of the same file match point for point and two different
 experiments match where they overlap; a point of one run only is listed with blanks.
+
+Both results.json are read through results.load (untrusted input, one line per problem);
+`--out` is written by `write`, never through a symlink.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.emulation.journal import write_inside
+from orchestrator.errors import BadUsage
 
 HEADER = ["point", "algorithm", "GST A s", "GST B s", "B/A", "ratio A", "ratio B", "verdict A", "verdict B"]
 
@@ -75,3 +81,15 @@ def markdown(a: dict, b: dict, dir_a: Path, dir_b: Path) -> str:
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows(a, b)]
     return "\n".join(lines) + "\n"
+
+
+def write(path: Path, text: str) -> Path:
+    """`text` into `path` (`--out`) whole, refusing a symlink there or a symlinked directory
+    holding it; every problem one BadUsage line naming `--out`."""
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise BadUsage(f"--out {path}: not a file name: give the path of a Markdown file")
+    try:
+        return write_inside(path.parent, path.name, text)
+    except BadUsage as exc:
+        raise BadUsage(f"--out: {exc}") from None

@@ -1,15 +1,23 @@
 """Rendering a results directory from its results.json: CSV files, plots, summary.md.
 
 `testbed report DIR` calls `render(DIR)`; `testbed run` calls it at the end, interrupted or not.
+Every file is written whole, through journal.write_inside: never through a symlink (a
+symlinked DIR, or a symlink where one of its files goes, is refused in one line before
+anything is written), and a directory the user may not write is one line too.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import json
 from pathlib import Path
 
+from orchestrator.emulation.journal import write_inside
+from orchestrator.errors import BadUsage
 from orchestrator.experiment import plots, snapshot
 from orchestrator.experiment import results as results_lib
+from orchestrator.spec.loader import display_path
 
 RESULTS_CSV = "results.csv"
 ITERATIONS_CSV = "iterations.csv"
@@ -53,32 +61,54 @@ def render(directory: Path, results: dict | None = None) -> list[Path]:
     """Write every derived file of `directory` again; the files written."""
     directory = Path(directory)
     results = results if results is not None else results_lib.load(directory)
+    queries = snapshot.queries(results) if results.get("monitoring") else None
+    names = [RESULTS_CSV, ITERATIONS_CSV, *plots.PLOTS, SUMMARY]
+    names += [snapshot.DIRECTORY, f"{snapshot.DIRECTORY}/{snapshot.QUERIES}"] if queries is not None else []
+    _refuse_symlinks(directory, names)
     written = [write_csv(results, directory / RESULTS_CSV), write_iterations(results, directory / ITERATIONS_CSV)]
-    written += plots.draw_all(results, directory)
+    # plots.py's functions hand their `path` to savefig, which takes an open file as well
+    written += [write_inside(directory, name, lambda handle, draw=draw: draw(results, handle))
+                for name, draw in plots.PLOTS.items()]
     written.append(write_summary(results, directory / SUMMARY))
-    if (queries := snapshot.write_queries(directory, results)) is not None:
-        written.append(queries)
+    if queries is not None:  # snapshot.write_queries, without following a symlink
+        written.append(write_inside(directory, Path(snapshot.DIRECTORY) / snapshot.QUERIES,
+                                    json.dumps(queries, indent=1) + "\n"))
     return written
 
 
+def _refuse_symlinks(directory: Path, names: list[str]) -> None:
+    """One line, before anything is written, if `directory` or a path render writes in it is a
+    symlink (write_inside refuses each again as it writes)."""
+    for path in [directory] + [directory / name for name in names]:
+        if path.is_symlink():
+            what = "the results directory" if path == directory else "a file report writes"
+            raise BadUsage(f"{display_path(path)}: is a symlink ({what}); testbed writes no file through a "
+                           f"symlink: remove the link, or render a copy of the directory")
+    if not directory.is_dir():
+        raise BadUsage(f"{display_path(directory)}: not a directory: give a directory `testbed run` wrote")
+
+
+def _csv_text(header, rows) -> str:
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return text.getvalue()
+
+
 def write_csv(results: dict, path: Path) -> Path:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(COLUMNS)
-        for point in results["points"]:
-            writer.writerow([_cell(read(point)) for read in COLUMNS.values()])
-    return path
+    rows = ([_cell(read(point)) for read in COLUMNS.values()] for point in results["points"])
+    return write_inside(path.parent, path.name, _csv_text(COLUMNS, rows))
 
 
 def write_iterations(results: dict, path: Path) -> Path:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(ITERATION_COLUMNS)
+    def rows():
         for point in results["points"]:
             for record in point.get("records", []):
                 row = {"id": point["id"], "algorithm": point["algorithm"], **record}
-                writer.writerow([_cell(row.get(c)) for c in ITERATION_COLUMNS])
-    return path
+                yield [_cell(row.get(c)) for c in ITERATION_COLUMNS]
+
+    return write_inside(path.parent, path.name, _csv_text(ITERATION_COLUMNS, rows()))
 
 
 def _cell(value) -> str:
@@ -159,8 +189,7 @@ def write_summary(results: dict, path: Path) -> Path:
     lines += _monitoring_lines(results)
     lines += ["", f"![GST per algorithm]({plots.GST_PNG})", "", f"![GST per iteration]({plots.ITERATIONS_PNG})", "",
               f"![Link utilisation by tier]({plots.LINKS_PNG})", ""]
-    path.write_text("\n".join(lines))
-    return path
+    return write_inside(path.parent, path.name, "\n".join(lines))
 
 
 def _monitoring_lines(results: dict) -> list[str]:

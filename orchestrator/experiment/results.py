@@ -12,21 +12,36 @@
 results.json is written again after every point (atomically), so an interrupted or crashed
 run leaves what it measured, with `status` saying how it ended: running (the process died),
 complete, partial (interrupted or failed; `error` says why).
+
+`load` reads results.json as untrusted input (`report` and `compare` take any directory): a
+regular file only (not a symlink, FIFO or device; nothing blocks), at most MAX_RESULTS_BYTES,
+nested at most MAX_DEPTH levels, every number finite and within ±MAX_NUMBER, and what
+report.py, plots.py, snapshot.py and compare.py read checked against the models below (other
+keys pass, so newer files still load). Each refusal is one BadUsage line naming the file and
+the dotted field: `run/results.json: points.0.size_bytes: input should be a valid integer`.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
+import math
+import os
 import platform
+import stat
 import statistics
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Any, Optional, Sequence
 
-from orchestrator.emulation.journal import write_atomically
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
+from orchestrator.spec.loader import display_path, one_line
+from orchestrator.units import shown
 
 SCHEMA = 1
 RESULTS = "results.json"
@@ -43,18 +58,59 @@ def now_iso() -> str:
 
 def new_directory(name: str, out: Path | None) -> Path:
     """The run's directory, created now: `out`, or results/<name>-<UTC time> under the
-    current directory. An existing directory is never reused (one line, exit 2)."""
+    current directory. An existing directory is never reused (one line, exit 2).
+
+    A `..` in `out` steps out of the directory before it, which must exist (as the kernel
+    would have it): `W/a/../dd` is W/dd, refused when W/a does not exist. Missing parents are
+    made, and removed again if the run's directory cannot be: a refusal leaves nothing.
+    """
     path = out if out is not None else Path("results") / f"{name}-{utc_stamp()}"
-    if path.exists():
-        raise BadUsage(f"--out {path}: already exists; results are never overwritten: pick a new directory")
+    shown_path = display_path(path)
+    path = _without_dot_dot(path, shown_path)
+    exists = f"--out {shown_path}: already exists; results are never overwritten: pick a new directory"
+    if os.path.lexists(path):
+        raise BadUsage(exists)
+    missing = []  # parents to make, outermost first
+    parent = path.parent
+    while not os.path.lexists(parent):
+        missing.insert(0, parent)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadUsage(f"--out {shown_path}: {display_path(parent)} is not a directory: give a path whose parents "
+                       f"are directories")
+    made: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.mkdir()
-    except FileExistsError:
-        raise BadUsage(f"--out {path}: already exists; results are never overwritten: pick a new directory") from None
+        for folder in missing + [path]:
+            folder.mkdir()
+            made.append(folder)
     except OSError as exc:
-        raise BadUsage(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        if isinstance(exc, FileExistsError) and made == missing:
+            raise BadUsage(exists) from None
+        raise BadUsage(f"--out {shown_path}: cannot create {display_path(folder)}: {exc.strerror or exc}: "
+                       f"give a directory you can write") from None
     return path
+
+
+def _without_dot_dot(path: Path, shown_path: str) -> Path:
+    """`path` with its `..` resolved as the kernel would: the part up to the last `..`, which
+    must exist, resolved; the rest kept as given."""
+    parts = path.parts
+    if ".." not in parts:
+        return path
+    last = len(parts) - 1 - parts[::-1].index("..")
+    head = Path(*parts[:last + 1])
+    try:
+        base = head.resolve(strict=True)
+    except OSError as exc:
+        where = display_path(exc.filename) if exc.filename else display_path(head)
+        raise BadUsage(f"--out {shown_path}: {where} does not exist, so '..' after it leads nowhere: give the "
+                       f"directory without '..'") from None
+    return base.joinpath(*parts[last + 1:])
 
 
 def versions() -> dict:
@@ -76,21 +132,293 @@ def versions() -> dict:
 
 
 def write(directory: Path, results: dict) -> None:
-    """results.json, atomically: a reader (or a crash) never sees half a file."""
-    write_atomically(directory / RESULTS, json.dumps(results, indent=1, default=str) + "\n")
+    """results.json, atomically: a reader (or a crash) never sees half a file; never
+    through a symlink (journal.write_inside)."""
+    write_inside(directory, RESULTS, json.dumps(results, indent=1, default=str) + "\n")
+
+
+# -- reading results.json: untrusted input ---------------------------------------------------------
+# A run of 16 agents × 100 iterations × 20 points writes a few MiB; these limits only stop a
+# wrong or hostile file before it costs time or memory, or a traceback.
+MAX_RESULTS_BYTES = 64 << 20
+MAX_DEPTH = 64  # nesting levels; results.json itself needs about 10
+MAX_NUMBER = 1e18  # magnitude of any number: beyond every byte count, rate or Unix time a run records
+_MAX_DIGITS = 25  # an integer longer than this is out of range anyway (and Python limits conversions)
+LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second Python's datetime can show
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
+class _OutOfRange:
+    """A number json.loads met that results.json may not hold (NaN, ±Infinity, one beyond
+    ±MAX_NUMBER): kept as its text until the walk below names its field."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _float(text: str) -> float | _OutOfRange:
+    number = float(text)
+    return number if math.isfinite(number) and abs(number) <= MAX_NUMBER else _OutOfRange(text)
+
+
+def _int(text: str) -> int | _OutOfRange:
+    if len(text) > _MAX_DIGITS:
+        return _OutOfRange(text)
+    number = int(text)
+    return number if abs(number) <= MAX_NUMBER else _OutOfRange(text)
+
+
+class _Model(BaseModel):
+    """What report/compare read, as written: no coercion ("1" is not 1), other keys pass."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+Number = Optional[float]
+UnixTime = Annotated[float, Field(ge=0, le=LAST_TIME)]  # summary.md shows it as a time of day
+
+
+class _Experiment(_Model):
+    name: str
+    file: str
+    description: Optional[str] = None
+
+
+class _Servers(_Model):
+    runtime: str
+
+
+class _LabSpec(_Model):
+    servers: _Servers
+
+
+class _Lab(_Model):
+    name: str
+    topology: str
+    link_rate: str
+    spec: _LabSpec
+    rate_bytes_per_s: Number = None
+    tiers: Optional[dict[str, str]] = None
+
+
+class _Stats(_Model):
+    mean: Number = None
+    p50: Number = None
+    p95: Number = None
+    min: Number = None
+    max: Number = None
+    fault_free_mean: Number = None
+    per_iteration: list[float] = []
+
+
+class _Predicted(_Model):
+    seconds: Number = None
+
+
+class _Partitioning(_Model):
+    partition_bytes: Optional[int] = None
+    credit_bytes: Optional[int] = None
+
+
+class _Moved(_Model):
+    measured: dict[str, float] = {}
+    seconds: Number = None
+
+
+class _FaultEvent(_Model):
+    action: str
+    target: str
+    planned: Optional[UnixTime] = None
+    applied: Optional[UnixTime] = None
+    undone: Optional[UnixTime] = None
+    error: Optional[str] = None
+
+
+class _Fidelity(_Model):
+    verdict: str = "–"
+    reasons: list[str] = []
+    cpu_idle_share: Number = None
+
+
+class _Checker(_Model):
+    clean: Optional[bool] = None
+    summary: str = ""
+
+
+class _Record(_Model):
+    iteration: int
+    start_time: float
+
+
+class _Window(_Model):
+    start: float
+    end: float
+
+
+class _Point(_Model):
+    id: str
+    lab: str
+    topology: str
+    link_rate: str
+    size_bytes: int
+    algorithm: str
+    workers: list[Any]
+    servers: list[Any]
+    status: str
+    error: Optional[str] = None
+    warmup: int = 0
+    partitioning: Optional[_Partitioning] = None
+    predicted: Optional[_Predicted] = None
+    gst_s: Optional[_Stats] = None
+    sync_s: Optional[_Stats] = None
+    iteration_s: Optional[_Stats] = None
+    ratio: Number = None
+    algbw_bytes_per_s: Number = None
+    busbw_bytes_per_s: Number = None
+    bytes_per_link: Optional[_Moved] = None
+    fault_events: list[_FaultEvent] = []
+    fidelity: Optional[_Fidelity] = None
+    checker: Optional[_Checker] = None
+    records: list[_Record] = []
+    window: Optional[_Window] = None
+
+
+class _Monitor(_Model):
+    url: Optional[str] = None
+    started: Number = None
+    ended: Number = None
+    snapshot: Optional[str] = None
+    snapshot_error: Optional[str] = None
+
+
+class ResultsFile(_Model):
+    """results.json as report.py, plots.py, snapshot.py and compare.py read it."""
+
+    status: str
+    experiment: _Experiment
+    started: str
+    labs: list[_Lab]
+    points: list[_Point]
+    error: Optional[str] = None
+    finished: Optional[str] = None
+    wall_s: Number = None
+    versions: dict[str, Any] = {}
+    monitoring: Optional[dict[str, _Monitor]] = None
 
 
 def load(directory: Path) -> dict:
-    path = Path(directory) / RESULTS
+    """results.json of `directory`, checked (above); every key the models know is present,
+    with its default where the file leaves it out. One BadUsage line for anything else."""
+    directory = Path(directory)
+    path = directory / RESULTS
+    where = display_path(path)
+    raw = _read_results(directory, path, where)
     try:
-        results = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadUsage(f"{directory}: no {RESULTS} here: give a directory `testbed run` wrote") from None
-    except (OSError, ValueError) as exc:
-        raise BadUsage(f"{path}: cannot read it: {exc}") from None
+        results = json.loads(raw.decode("utf-8"), parse_constant=_OutOfRange, parse_float=_float, parse_int=_int)
+    except UnicodeDecodeError as exc:
+        raise BadUsage(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                       f"not a results file of testbed run") from None
+    except RecursionError:
+        raise BadUsage(f"{where}: nested deeper than {MAX_DEPTH} levels: not a results file of testbed run") from None
+    except ValueError as exc:
+        raise BadUsage(one_line(f"{where}: not valid JSON: {exc}")) from None
+    _check_values(results, where)
     if not isinstance(results, dict) or results.get("schema") != SCHEMA:
-        raise BadUsage(f"{path}: not a results file of this testbed (schema {SCHEMA})")
-    return results
+        raise BadUsage(f"{where}: not a results file of this testbed (schema {SCHEMA})")
+    try:
+        checked = ResultsFile.model_validate(results)
+    except ValidationError as exc:
+        raise BadUsage(one_line(f"{where}: {_describe(exc)}")) from None
+    return checked.model_dump()
+
+
+def _read_results(directory: Path, path: Path, where: str) -> bytes:
+    """The bytes of results.json: a regular file (not a symlink), at most MAX_RESULTS_BYTES."""
+    def kind_of(mode: int) -> str | None:
+        return _KINDS.get(stat.S_IFMT(mode))
+
+    try:
+        # lstat before open: opening a FIFO blocks and opening some devices acts; fstat after,
+        # O_NOFOLLOW and O_NONBLOCK: the name may have been swapped in between
+        kind = kind_of(os.lstat(path).st_mode)
+        raw, size = b"", 0
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                info = os.fstat(fd)
+                kind, size = kind_of(info.st_mode), info.st_size
+                if kind is None and size <= MAX_RESULTS_BYTES:
+                    raw = handle.read(MAX_RESULTS_BYTES + 1)  # the file may have grown since
+    except FileNotFoundError:
+        if not directory.is_dir():
+            raise BadUsage(f"{display_path(directory)}: no such directory: give a directory `testbed run` wrote") \
+                from None
+        raise BadUsage(f"{display_path(directory)}: no {RESULTS} here: give a directory `testbed run` wrote") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            kind = "a symlink"
+        elif exc.errno == errno.ENOTDIR:
+            raise BadUsage(f"{display_path(directory)}: not a directory: give a directory `testbed run` wrote") \
+                from None
+        elif isinstance(exc, PermissionError):
+            raise BadUsage(f"{where}: cannot read it: {exc.strerror}: run as a user who may read it, or copy the "
+                           f"directory") from None
+        else:
+            raise BadUsage(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the path
+        raise BadUsage(f"{where}: not a valid file name") from None
+    if kind is not None:
+        raise BadUsage(f"{where}: is {kind}, not a regular file: testbed reads results only from the file "
+                       f"`testbed run` wrote")
+    if max(size, len(raw)) > MAX_RESULTS_BYTES:
+        raise BadUsage(f"{where}: larger than {MAX_RESULTS_BYTES >> 20} MiB: not a results file of testbed run")
+    return raw
+
+
+def _check_values(data: Any, where: str) -> None:
+    """Nesting of at most MAX_DEPTH levels, and no number out of range (NaN, ±Infinity, beyond
+    ±MAX_NUMBER); the refusal names the dotted field. Iterative: no recursion to exhaust."""
+    stack: list[tuple[Any, tuple]] = [(data, ())] if isinstance(data, (dict, list)) else []
+    while stack:
+        value, at = stack.pop()
+        if len(at) > MAX_DEPTH:
+            raise BadUsage(one_line(f"{where}: {_dotted(at[:8])}...: nested deeper than {MAX_DEPTH} levels: not a "
+                                    f"results file of testbed run"))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                stack.append((item, at + (key,)))
+            elif isinstance(item, _OutOfRange):
+                number = item.text if len(item.text) <= 30 else item.text[:24] + "..."
+                raise BadUsage(one_line(f"{where}: {_dotted(at + (key,))}: {number} is refused: results.json holds "
+                                        f"only finite numbers within ±{_LIMIT} (no NaN or Infinity)"))
+
+
+def _dotted(at: tuple) -> str:
+    return ".".join(one_line(str(part), 40) for part in at) or "(top)"
+
+
+_LIMIT = f"{MAX_NUMBER:.0e}".replace("e+", "e")
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first problem as `dotted.field: what is wrong (got value)`, as spec/loader.py
+    words them; these models have no tagged unions, so pydantic's location is the field's."""
+    error = exc.errors(include_url=False)[0]
+    field = _dotted(error["loc"])
+    kind, ctx, got = error["type"], error.get("ctx") or {}, error.get("input")
+    if kind == "missing":
+        return f"{field}: required but missing"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        return f"{field}: must lie between 0 and {LAST_TIME:.0f} (got {shown(got)}): a Unix time"
+    message = error["msg"]
+    message = message[0].lower() + message[1:] if message else message
+    quoted = "" if isinstance(got, (dict, list)) else f" (got {shown(got)})"
+    return f"{field}: {message}{quoted}"
 
 
 # -- statistics of one run ------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from orchestrator.errors import BadUsage
-from orchestrator.emulation.journal import write_atomically
+from orchestrator.emulation.journal import write_inside
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
@@ -334,7 +334,11 @@ def exported_files() -> list[Path]:
 
 def _check_directory(directory: Path) -> None:
     """Refuse a directory holding anything export() does not write (a user's files, a symlink
-    that would send our writes elsewhere): an export never overwrites what it did not write."""
+    that would send our writes elsewhere, the directory itself a symlink): an export never
+    overwrites what it did not write."""
+    if directory.is_symlink():
+        raise BadUsage(f"grafana export {directory}: it is a symlink; testbed writes no file through a symlink: "
+                       f"give the directory it points to, or a new one")
     if directory.exists() and not directory.is_dir():
         raise BadUsage(f"grafana export {directory}: it is a file, not a directory: pick a new or empty directory")
     if not directory.exists():
@@ -364,11 +368,14 @@ def export(directory: Path, prometheus_url: str = DEFAULT_PROMETHEUS_URL) -> lis
              Path("dashboards") / f"{TAG}.yaml": yaml.safe_dump(dashboard_provisioning(directory), sort_keys=False)}
     texts |= {DASHBOARD_DIR / f"{name}.json": json.dumps(dashboard_json(name), indent=2, ensure_ascii=False) + "\n"
               for name in DASHBOARDS}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadUsage(f"grafana export {directory}: cannot create it: {exc.strerror or exc}: pick a directory you "
+                       f"can write") from None
     for relative, text in texts.items():
-        try:
-            write_atomically(directory / relative, text)
-        except OSError as exc:
-            raise BadUsage(f"grafana export {directory}: cannot write {relative}: {exc.strerror or exc}: "
-                           f"pick a directory you can write") from None
-        written.append(directory / relative)
+        try:  # never through a symlink, should one appear after the check above
+            written.append(write_inside(directory, relative, text))
+        except BadUsage as exc:
+            raise BadUsage(f"grafana export {directory}: {exc}") from None
     return written
