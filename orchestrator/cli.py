@@ -46,7 +46,7 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except TestbedError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -60,7 +60,8 @@ def main() -> None:
         command = ctx.command_path if ctx is not None else "testbed"
         if not exc.format_message():  # `testbed` alone: the help is already printed
             sys.exit(exc.exit_code)
-        err.print(f"[bold red]error:[/] {command}: {exc.format_message()} (see --help)", highlight=False, soft_wrap=True)
+        err.print(Text("error: ", style="bold red") + Text(f"{command}: {exc.format_message()} (see --help)"),
+                  highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
 
 
@@ -635,7 +636,11 @@ def run_experiment(
     from orchestrator.spec.experiment import load_experiment
 
     spec = load_experiment(experiment)
-    plan = make_plan(spec, str(experiment))
+    # what this machine has for the agents' gradients (MemAvailable): a plan that cannot fit
+    # is refused here, on a dry run too, before anything is built
+    from orchestrator.emulation.capacity import host_limits
+
+    plan = make_plan(spec, str(experiment), memory=host_limits().mem_available_mib << 20)
     if dry_run:
         _print_plan(plan)
         return
@@ -708,17 +713,19 @@ def _print_plan(plan) -> None:
     spec = plan.spec
     out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "
               f"iterations each ({spec.warmup} warm-up), workload {spec.agents.workload.kind}, agents via "
-              f"{spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}", highlight=False)
-    table = Table("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults")
+              f"{spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}", highlight=False, soft_wrap=True)
+    table = Table()
+    for name in ("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults"):
+        table.add_column(name, overflow="fold")
     for planned in plan.points:
         prediction = planned.prediction
-        table.add_row(planned.point.id, planned.point.lab.name,
-                      f"{len(planned.layout.workers)}+{len(planned.layout.servers)}", f"{prediction.seconds:.4g}",
-                      f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))
-    out.print(table)
+        table.add_row(*(Text(cell) for cell in (
+            planned.point.id, planned.point.lab.name, f"{len(planned.layout.workers)}+{len(planned.layout.servers)}",
+            f"{prediction.seconds:.4g}", f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))))
+    _print_whole(table)
     faults = {f.describe() for p in plan.points for f in p.faults}
     for line in sorted(faults):
-        out.print(f"fault: {line}", highlight=False)
+        out.print(Text(f"fault: {line}"), highlight=False)
 
 
 def _print_results(results: dict) -> None:

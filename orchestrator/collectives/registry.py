@@ -62,6 +62,10 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
+class TooManyTransfers(ValueError):
+    """A plan beyond MAX_TRANSFERS: the figure and the limit are in the message."""
+
+
 def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoOptions,
              transfers: Estimate | None = None) -> Algorithm:
     """Add an algorithm to the table; ValueError for a bad or taken name."""
@@ -111,13 +115,13 @@ def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
     bound = estimate(name, ctx, parts)
     if bound is not None and bound > limit:
         split = f" in {len(parts):,} partitions" if len(parts) > 1 else ""
-        raise ValueError(f"{name} over {ctx.workers} workers{split} is {bound:,} transfers per allreduce, more than "
+        raise TooManyTransfers(f"{name} over {ctx.workers} workers{split} is {bound:,} transfers per allreduce, more than "
                          f"the {limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
     with transfer_budget(limit, name):
         built = [(part, algorithm.build(ctx, size, part.offset, part.length)) for part in parts]
     held = sum(len(step) for _, schedule in built for step in schedule.steps)
     if held > limit:
-        raise ValueError(f"{name} over {ctx.workers} workers holds {held:,} transfers per allreduce, more than the "
+        raise TooManyTransfers(f"{name} over {ctx.workers} workers holds {held:,} transfers per allreduce, more than the "
                          f"{limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
     return built
 

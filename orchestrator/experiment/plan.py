@@ -131,6 +131,10 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         prediction = predict_schedules(
             topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
             chunk_bytes(schedules, partitioning.credit_bytes), partitioning.credit_bytes)
+    except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
+        field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
+            else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"
+        raise SpecError(f"{source}: {field}: run {point.id}: {exc}") from None
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"{exc}") from None
