@@ -80,10 +80,34 @@ def counters(lab: Lab, node: str) -> dict[str, tuple[int, int]]:
     return {link["ifname"]: (link["stats64"]["rx"]["bytes"], link["stats64"]["tx"]["bytes"]) for link in links}
 
 
+FIGURES = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s*$", re.M)
+# perftest samples the CPU clock before it reports, and under qemu's software emulation the
+# samples can be too noisy for it (`Correlation coefficient r^2: 0.77 < 0.9`, then "Can't
+# produce a report", whatever the flags): the VM's timer, not RoCE. Such a run is tried again.
+CLOCK_REFUSAL = "Can't produce a report"
+ATTEMPTS = 3
+
+
 def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3) -> dict:
     """Run perftest's ib_send_bw from `client` to `server`'s address over rdma_cm (-R: the
     connection is resolved from IP addresses, as RoCE v2 is routed, and the rxe device with
     it). Returns the client's figures."""
+    outputs = []
+    for _ in range(ATTEMPTS):
+        figures, output = _one_exchange(lab, client, server, seconds)
+        if figures is not None:
+            return figures
+        outputs.append(output)
+        if CLOCK_REFUSAL not in output:
+            break
+    raise AssertionError(f"ib_send_bw {client} -> {server} gave no figures in {len(outputs)} tries:\n"
+                         + "\n---\n".join(outputs))
+
+
+def _one_exchange(lab: Lab, client: str, server: str, seconds: int) -> tuple[dict | None, str]:
+    """(figures, output) of one exchange. A client that printed its figures and then hung in
+    perftest's closing handshake (seen in CI: its 3 s done, then waiting until `timeout`) has
+    measured what it was asked to: its figures count, and the deadline is the run plus 30 s."""
     target = str(lab.topology.address_of(server))
     with tempfile.NamedTemporaryFile("r", suffix=".out") as log:
         listener = lab.popen(server, f"exec stdbuf -oL ib_send_bw -R -D {seconds} > {log.name} 2>&1")
@@ -92,17 +116,17 @@ def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3) -> dict:
             while "Waiting for client" not in log.read() and listener.poll() is None and time.monotonic() < deadline:
                 log.seek(0)
                 time.sleep(0.2)
-            client_run = lab.exec(client, f"timeout 90 ib_send_bw -R -D {seconds} {target}", timeout=120)
-            # the client's own failure first: a server whose client gave up waits forever
-            assert client_run.returncode == 0, client_run.stdout + client_run.stderr
-            listener.wait(timeout=60)
+            client_run = lab.exec(client, f"timeout {seconds + 30} ib_send_bw -R -D {seconds} {target}",
+                                  timeout=seconds + 60)
         finally:
             listener.kill()
             listener.wait()
-    size, iterations, _, average = re.search(
-        r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s*$", client_run.stdout, re.M
-    ).groups()
-    return {"message_bytes": int(size), "iterations": int(iterations), "MB_per_s": float(average)}
+    output = client_run.stdout + client_run.stderr
+    found = FIGURES.search(client_run.stdout)
+    if found is None or client_run.returncode not in (0, 124):  # 124: timeout ended a finished client
+        return None, f"exit {client_run.returncode}: {output}"
+    size, iterations, _, average = found.groups()
+    return {"message_bytes": int(size), "iterations": int(iterations), "MB_per_s": float(average)}, output
 
 
 # Pairs whose two directions take the same NICs. An rxe queue pair sends through its own
