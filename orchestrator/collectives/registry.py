@@ -12,73 +12,23 @@ guard), so no algorithm can grow without bound.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import replace
 
-from pydantic import ValidationError
-
+from orchestrator.collectives import algorithms as _builtins  # noqa: F401  registers the built-ins
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.options import AlgorithmOptions, NoOptions
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, transfer_budget
-
-Builder = Callable[..., Schedule]
-Estimate = Callable[[Context, int], int]
+from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estimate, register  # noqa: F401  re-exported
 
 # Transfers of one allreduce (all partitions) a plan may hold. Each is a flow the model keeps
 # up to ~8 KB for (its dependencies, ranges and path shares: torus,8,3's HiPS, 129,000
 # transfers, took 1.3 GB and 59 s), and a message stream in the agents: 60,000 keep a
 # prediction within 1 GiB and ~30 s on this project's 2-core machines.
 MAX_TRANSFERS = 60_000
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    name: str
-    build: Builder
-    options: type[AlgorithmOptions] = NoOptions
-    transfers: Estimate | None = None
-
-    def check_options(self, options: dict | None) -> dict:
-        """The options validated by the algorithm's model, as given (no defaults added);
-        ValueError naming the option otherwise."""
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a mapping of names to values, e.g. {{shards: 4}}")
-        try:
-            model = self.options.model_validate(options)
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in error["loc"])
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                known = ", ".join(self.options.model_fields) or "none"
-                message = f"{self.name} has no such option (its options: {known})"
-            raise ValueError(f"option {where}: {message}") from None
-        return model.model_dump(exclude_unset=True)
-
-
-ALGORITHMS: dict[str, Algorithm] = {}
 
 
 class TooManyTransfers(ValueError):
     """A plan beyond MAX_TRANSFERS: the figure and the limit are in the message."""
-
-
-def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoOptions,
-             transfers: Estimate | None = None) -> Algorithm:
-    """Add an algorithm to the table; ValueError for a bad or taken name."""
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ValueError(f"algorithm name {name!r}: lower case letters, digits and -, starting with a letter")
-    if name in ALGORITHMS:
-        raise ValueError(f"algorithm {name} is registered already (known: {', '.join(ALGORITHMS)})")
-    if not callable(build):
-        raise ValueError(f"algorithm {name}: build must be callable")
-    if not (isinstance(options, type) and issubclass(options, AlgorithmOptions)):
-        raise ValueError(f"algorithm {name}: options must be a subclass of AlgorithmOptions")
-    ALGORITHMS[name] = Algorithm(name, build, options, transfers)
-    return ALGORITHMS[name]
 
 
 def get(name: str) -> Algorithm:
@@ -125,5 +75,3 @@ def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
                          f"{limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
     return built
 
-
-from orchestrator.collectives import algorithms as _builtins  # noqa: E402,F401  registers the built-ins

@@ -154,7 +154,8 @@ def test_partitioned_buffer_reduces(label, data):
     parts = partitions(tensor_sizes, max_bytes)
     grads = gradients(data.draw(st.integers(0, 2**32 - 1)), n, size)
     buffers = [g.copy() for g in grads]
-    for part, schedule in schedules(name, ctx, size, parts):
+    # correctness of many tiny partitions, not the plan budget (test_work_budget.py): no limit
+    for part, schedule in schedules(name, ctx, size, parts, limit=10**7):
         assert schedule.size == size
         touched = {(t.offset, t.end) for _, t in schedule.transfers()}
         assert all(part.offset <= a and b <= part.offset + part.length for a, b in touched)

@@ -1,10 +1,10 @@
 """One module per algorithm, each with `build(ctx, size, offset=0, length=None) -> Schedule`,
 its options model and its transfer estimate; registered here through the same public call
-a user's plugin uses (registry.register)."""
+a user's plugin uses (table.register, re-exported as registry.register)."""
 
 from orchestrator.collectives.algorithms import (bml, double_tree, flextree, halving_doubling, hdrm, hierarchical, hips,
                                                  mesh, ps, ring, tree)
-from orchestrator.collectives.registry import register
+from orchestrator.collectives.table import register
 
 register("ring", ring.build, options=ring.Options, transfers=ring.transfers)
 register("mesh", mesh.build, transfers=mesh.transfers)
