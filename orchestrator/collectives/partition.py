@@ -20,6 +20,12 @@ MAX_PARTITIONS = 10_000
 MAX_GRADIENT_BYTES = 64 << 30
 
 
+def check_gradient_bytes(size: int) -> None:
+    """ValueError for a gradient beyond MAX_GRADIENT_BYTES; the caller names the field."""
+    if size > MAX_GRADIENT_BYTES:
+        raise ValueError(f"a gradient of {size:,} bytes is more than the {MAX_GRADIENT_BYTES:,} any run takes")
+
+
 @dataclass(frozen=True)
 class Partition:
     offset: int  # elements into the flat buffer

@@ -17,7 +17,7 @@ from dataclasses import replace
 from orchestrator.collectives import algorithms as _builtins  # noqa: F401  registers the built-ins
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import Partition
-from orchestrator.collectives.schedule import Schedule, transfer_budget
+from orchestrator.collectives.schedule import Schedule, TooManyTransfers, transfer_budget  # noqa: F401  re-exported
 from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estimate, register  # noqa: F401  re-exported
 
 # Transfers of one allreduce (all partitions) a plan may hold. Each is a flow the model keeps
@@ -25,10 +25,6 @@ from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estim
 # transfers, took 1.3 GB and 59 s), and a message stream in the agents: 60,000 keep a
 # prediction within 1 GiB and ~30 s on this project's 2-core machines.
 MAX_TRANSFERS = 60_000
-
-
-class TooManyTransfers(ValueError):
-    """A plan beyond MAX_TRANSFERS: the figure and the limit are in the message."""
 
 
 def get(name: str) -> Algorithm:
@@ -65,13 +61,11 @@ def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
     bound = estimate(name, ctx, parts)
     if bound is not None and bound > limit:
         split = f" in {len(parts):,} partitions" if len(parts) > 1 else ""
-        raise TooManyTransfers(f"{name} over {ctx.workers} workers{split} is {bound:,} transfers per allreduce, more than "
-                         f"the {limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
+        raise TooManyTransfers(name, f"over {ctx.workers} workers{split} is {bound:,} transfers per allreduce", limit)
     with transfer_budget(limit, name):
         built = [(part, algorithm.build(ctx, size, part.offset, part.length)) for part in parts]
     held = sum(len(step) for _, schedule in built for step in schedule.steps)
     if held > limit:
-        raise TooManyTransfers(f"{name} over {ctx.workers} workers holds {held:,} transfers per allreduce, more than the "
-                         f"{limit:,} one run may hold: use fewer servers, larger partitions or another algorithm")
+        raise TooManyTransfers(name, f"over {ctx.workers} workers holds {held:,} transfers per allreduce", limit)
     return built
 

@@ -48,6 +48,14 @@ class Transfer:
         return self.offset + self.length
 
 
+class TooManyTransfers(ValueError):
+    """A plan beyond the transfer budget (registry.MAX_TRANSFERS): figure and limit said."""
+
+    def __init__(self, algorithm: str, what: str, limit: int) -> None:
+        super().__init__(f"{algorithm} {what}, more than the {limit:,} one run may hold: use fewer servers, larger "
+                         "partitions or another algorithm")
+
+
 class _Budget:
     """Transfers an algorithm may still make while building (registry.schedules sets it):
     the guard that bounds a plugin's schedule, or a built-in's beyond its estimate."""
@@ -62,9 +70,8 @@ class _Budget:
     def spend(self) -> None:
         self.left -= 1
         if self.left < 0:
-            raise ValueError(f"{self.algorithm} made more than {self.limit * self.SLACK:,} transfers while building one "
-                             f"allreduce, beyond the {self.limit:,} one run may hold: use fewer servers, larger "
-                             "partitions or another algorithm")
+            raise TooManyTransfers(self.algorithm, f"made more than {self.limit * self.SLACK:,} transfers while "
+                                   "building one allreduce", self.limit)
 
 
 _budget: ContextVar[_Budget | None] = ContextVar("transfer_budget", default=None)
@@ -72,7 +79,7 @@ _budget: ContextVar[_Budget | None] = ContextVar("transfer_budget", default=None
 
 @contextmanager
 def transfer_budget(limit: int, algorithm: str) -> Iterator[None]:
-    """Within it, making more than 2 × `limit` transfers raises ValueError."""
+    """Within it, making more than 2 × `limit` transfers raises TooManyTransfers."""
     token = _budget.set(_Budget(limit, algorithm))
     try:
         yield

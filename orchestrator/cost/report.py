@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from orchestrator import topology as topology_lib
 from orchestrator.collectives import registry
-from orchestrator.collectives.partition import MAX_GRADIENT_BYTES
+from orchestrator.collectives.partition import check_gradient_bytes
 from orchestrator.cost.closed_forms import Form, closed_form
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules, build_schedules, predict_schedules
@@ -79,9 +79,10 @@ def predict_lab(
     """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run."""
     if algorithm not in registry.ALGORITHMS:
         raise BadUsage(f"unknown algorithm {algorithm!r}: choose one of {', '.join(sorted(registry.ALGORITHMS))}")
-    if size_bytes > MAX_GRADIENT_BYTES:
-        raise BadUsage(f"--size: {size_bytes:,} bytes is more than the {MAX_GRADIENT_BYTES:,} any run takes: "
-                       "give a gradient size such as 25MB or 1G")
+    try:
+        check_gradient_bytes(size_bytes)
+    except ValueError as exc:
+        raise BadUsage(f"--size: {exc}: give a gradient size such as 25MB or 1G") from None
     try:
         options = registry.check_options(algorithm, options)
     except ValueError as exc:

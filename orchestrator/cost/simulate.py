@@ -148,7 +148,7 @@ class _Run:
         chunk_bytes: int,
         credit_bytes: int,
         itemsize: int,
-        max_work: int = 0,
+        max_work: int = MAX_WORK,
     ) -> None:
         self.routes = routes
         self.network = network

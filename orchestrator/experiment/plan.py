@@ -12,7 +12,7 @@ from orchestrator import topology as topology_lib
 from orchestrator.agent.plan import chunk_bytes
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import MAX_GRADIENT_BYTES, partitions
+from orchestrator.collectives.partition import check_gradient_bytes, partitions
 from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.experiment import workloads
@@ -89,14 +89,16 @@ AGENT_OVERHEAD_BYTES = 96 << 20
 AGENT_MEMORY_SHARE = 0.8
 
 
-def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], ranks: Layout, source: str, memory: int | None) -> None:
+def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], ranks: Layout, source: str,
+                 memory: int | None) -> None:
     """The gradient against the agents' memory, before anything is sized by it: every agent
     holds one buffer of it (SpecError naming the workload field, the figure and the limit)."""
     size = sum(tensors) * workloads.ITEMSIZE
     field = "sweep.sizes" if spec.sweep.sizes else "agents.workload"
-    if size > MAX_GRADIENT_BYTES:
-        raise SpecError(f"{source}: {field}: a gradient of {size:,} bytes (run {point.id}) is more than the "
-                        f"{MAX_GRADIENT_BYTES:,} any run takes: give a smaller size or scale")
+    try:
+        check_gradient_bytes(size)
+    except ValueError as exc:
+        raise SpecError(f"{source}: {field}: {exc} (run {point.id}): give a smaller size or scale") from None
     need = size + AGENT_OVERHEAD_BYTES
     limit = point.lab.servers.memory
     if point.lab.servers.runtime == "docker" and limit is not None and need > limit:

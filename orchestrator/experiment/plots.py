@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
+from orchestrator.emulation.journal import write_inside  # noqa: E402
+
 GST_PNG = "gst.png"
 ITERATIONS_PNG = "iterations.png"
 LINKS_PNG = "links.png"
@@ -172,4 +174,7 @@ PLOTS = {GST_PNG: gst_per_algorithm, ITERATIONS_PNG: gst_per_iteration, LINKS_PN
 
 
 def draw_all(results: dict, directory: Path) -> list[Path]:
-    return [draw(results, directory / name) for name, draw in PLOTS.items()]
+    """Every plot into `directory`, never through a symlink (savefig writes into the open
+    file write_inside gives it)."""
+    return [write_inside(directory, name, lambda handle, draw=draw: draw(results, handle))
+            for name, draw in PLOTS.items()]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 
 from orchestrator.emulation.journal import write_inside
@@ -61,18 +60,14 @@ def render(directory: Path, results: dict | None = None) -> list[Path]:
     """Write every derived file of `directory` again; the files written."""
     directory = Path(directory)
     results = results if results is not None else results_lib.load(directory)
-    queries = snapshot.queries(results) if results.get("monitoring") else None
     names = [RESULTS_CSV, ITERATIONS_CSV, *plots.PLOTS, SUMMARY]
-    names += [snapshot.DIRECTORY, f"{snapshot.DIRECTORY}/{snapshot.QUERIES}"] if queries is not None else []
+    names += [snapshot.DIRECTORY, f"{snapshot.DIRECTORY}/{snapshot.QUERIES}"] if results.get("monitoring") else []
     _refuse_symlinks(directory, names)
     written = [write_csv(results, directory / RESULTS_CSV), write_iterations(results, directory / ITERATIONS_CSV)]
-    # plots.py's functions hand their `path` to savefig, which takes an open file as well
-    written += [write_inside(directory, name, lambda handle, draw=draw: draw(results, handle))
-                for name, draw in plots.PLOTS.items()]
+    written += plots.draw_all(results, directory)
     written.append(write_summary(results, directory / SUMMARY))
-    if queries is not None:  # snapshot.write_queries, without following a symlink
-        written.append(write_inside(directory, Path(snapshot.DIRECTORY) / snapshot.QUERIES,
-                                    json.dumps(queries, indent=1) + "\n"))
+    if (queries := snapshot.write_queries(directory, results)) is not None:
+        written.append(queries)
     return written
 
 

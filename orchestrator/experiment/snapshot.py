@@ -23,6 +23,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from orchestrator.emulation.journal import write_inside
+
 DIRECTORY = "prometheus"
 QUERIES = "queries.json"
 SNAPSHOT = "snapshot"
@@ -85,13 +87,10 @@ def queries(results: dict) -> dict:
 
 
 def write_queries(directory: Path, results: dict) -> Path | None:
-    """prometheus/queries.json, when the run had monitoring."""
+    """prometheus/queries.json, when the run had monitoring (never through a symlink)."""
     if not results.get("monitoring"):
         return None
-    path = Path(directory) / DIRECTORY / QUERIES
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(queries(results), indent=1) + "\n")
-    return path
+    return write_inside(Path(directory), Path(DIRECTORY) / QUERIES, json.dumps(queries(results), indent=1) + "\n")
 
 
 def take_snapshot(url: str, data: Path, destination: Path) -> Path:

@@ -316,13 +316,9 @@ class Topology:
     def widest_segment(self) -> int:
         """Interfaces of the largest L2 segment (a bridge's ports, their wires' far ends and
         the bridge; 2 for a point-to-point wire): what one path search may have to cross."""
-        widest = 2
-        for node in self.nodes.values():
-            for iface in node.interfaces.values():
-                if iface.is_bridge:
-                    ports = sum(1 for port in node.interfaces.values() if port.master == iface.name)
-                    widest = max(widest, 2 * ports + 1)
-        return widest
+        bridges = [Endpoint(node.name, iface.name) for node in self.nodes.values()
+                   for iface in node.interfaces.values() if iface.is_bridge]
+        return max([2] + [2 * len(self._ports(bridge)) + 1 for bridge in bridges])
 
     def _segment_neighbours(self, here: Endpoint) -> Iterator[Endpoint]:
         """Interfaces one L2 step away: the wire's far end, bridge to port, port to bridge."""
@@ -334,11 +330,16 @@ class Topology:
         if iface.master is not None:
             yield Endpoint(here.node, iface.master)
         if iface.is_bridge:
-            ports = self._bridge_ports.get(here)
-            if ports is None:
-                ports = self._bridge_ports[here] = [Endpoint(here.node, port.name) for port in node.interfaces.values()
-                                                    if port.master == iface.name]
-            yield from ports
+            yield from self._ports(here)
+
+    def _ports(self, bridge: Endpoint) -> list[Endpoint]:
+        """The ports enslaved to `bridge`, found once per bridge."""
+        ports = self._bridge_ports.get(bridge)
+        if ports is None:
+            ports = self._bridge_ports[bridge] = [Endpoint(bridge.node, port.name)
+                                                  for port in self.nodes[bridge.node].interfaces.values()
+                                                  if port.master == bridge.interface]
+        return ports
 
     def hop_counts(self, path: list[str]) -> tuple[int, int]:
         """(links, switches) crossed by a node path."""

@@ -130,10 +130,7 @@ def owners(ctx: Context) -> list[list[str]]:
 
 
 Options = FailedOptions
-
-
-def transfers(ctx: Context, length: int) -> int:
-    return stage_transfers(ctx) * (2 if ctx.option("failed") else 1)  # detours: at most as many again
+transfers = stage_transfers
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -35,7 +35,8 @@ halves: 2(2^h−1)/(h·2^h)·w.
 from __future__ import annotations
 
 from orchestrator.collectives.algorithms import bml
-from orchestrator.collectives.algorithms.levels import FailedOptions, level_coords, stage_groups, stage_transfers, topology_ranks
+from orchestrator.collectives.algorithms.levels import (FailedOptions, level_coords, stage_groups, stage_transfers,
+                                                         topology_ranks)
 from orchestrator.collectives.algorithms.mesh import mesh_steps
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.schedule import Schedule, Transfer, chunks
@@ -76,10 +77,7 @@ def _without(ctx: Context, size: int, offset: int, length: int, torus: bool) -> 
 
 
 Options = FailedOptions
-
-
-def transfers(ctx: Context, length: int) -> int:
-    return stage_transfers(ctx) * (2 if ctx.option("failed") else 1)  # detours: at most as many again
+transfers = stage_transfers
 
 
 def build(ctx: Context, size: int, offset: int = 0, length: int | None = None) -> Schedule:

@@ -42,9 +42,14 @@ def level_coords(topology: Topology, ranks: dict[str, int]) -> tuple[list[Coords
             coords[ranks[server.name]] = tuple(reversed(digits))
         else:
             coords[ranks[server.name]] = tuple(server.attrs["coords"])
+    return coords, *level_shape(topology)
+
+
+def level_shape(topology: Topology) -> tuple[int, int]:
+    """(base, levels) of a BCube or torus, from its facts alone."""
     if topology.kind == "bcube":
-        return coords, topology.facts["n"], topology.facts["levels"]
-    return coords, topology.facts["k"], topology.facts["d"]
+        return topology.facts["n"], topology.facts["levels"]
+    return topology.facts["k"], topology.facts["d"]
 
 
 def with_coord(c: Coords, level: int, value: int) -> Coords:
@@ -76,19 +81,13 @@ class FailedOptions(AlgorithmOptions):
         return value
 
 
-def stage_transfers(ctx: Context) -> int:
-    """Transfers of HiPS (and healthy BML): h parts through h stages of meshes among `base`
-    (BCube: 2 per pair and stage) or of ± rings (torus: 4)."""
+def stage_transfers(ctx: Context, length: int) -> int:
+    """Bound of the transfers of HiPS and BML: h parts through h stages of meshes among `base`
+    (BCube: 2 per pair and stage) or of ± rings (torus: 4); with failed servers, the detours
+    at most as many again."""
     topology = ctx.topology
     if topology is None or topology.kind not in ("bcube", "torus"):
         return 0  # the build refuses it before making anything
-    base, h = level_coords_shape(topology)
+    base, h = level_shape(topology)
     factor = 2 if topology.kind == "bcube" else 4
-    return factor * h * h * ctx.workers * (base - 1)
-
-
-def level_coords_shape(topology: Topology) -> tuple[int, int]:
-    """(base, levels) of a BCube or torus, from its facts alone."""
-    if topology.kind == "bcube":
-        return topology.facts["n"], topology.facts["levels"]
-    return topology.facts["k"], topology.facts["d"]
+    return factor * h * h * ctx.workers * (base - 1) * (2 if ctx.option("failed") else 1)
