@@ -97,9 +97,10 @@ def predict_schedules(
     return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events)
 
 
-# Path-search steps one prediction may take before it simulates anything: about 10 µs each
-# here, so ~20 s at the limit (fattree,8's mesh, 16,256 pairs over 16 ECMP paths, is 1.8 M).
-MAX_PATH_WORK = 2_000_000
+# Path-search steps one prediction may take before it simulates anything: about 15 µs each
+# here (bench/predict_budget.py), so ~15 s at the limit. fattree,8's mesh, 16,256 pairs over
+# 16 ECMP paths, is 1.8 M: it took 27-30 s, at the edge of the 30 s a prediction may take.
+MAX_PATH_WORK = 1_000_000
 
 
 def check_path_work(topology: Topology, schedules: Schedules) -> None:

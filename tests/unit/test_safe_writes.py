@@ -109,10 +109,14 @@ def test_write_inside_in_a_directory_it_may_not_write_is_one_line(tmp_path, monk
                                 f"may write in that directory, or copy it somewhere you can write")
 
 
-def test_write_inside_refuses_paths_that_step_out():
-    for relative in ("../x", "/etc/x", "a/../../x", ""):
+def test_write_inside_refuses_paths_that_step_out(tmp_path):
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    # every way out lands in this test's own directory, were the refusal ever to fail
+    for relative in ("../x", str(tmp_path / "absolute" / "x"), "a/../../x", ""):
         with pytest.raises(ValueError):
-            write_inside(Path("."), relative, "x")
+            write_inside(inside, relative, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"] and not any(inside.iterdir())
 
 
 def test_results_json_is_not_written_through_a_symlink(tmp_path):

@@ -199,7 +199,7 @@ def test_path_work_refused_before_any_path_is_searched(monkeypatch):
     searched = []
     monkeypatch.setattr(Topology, "_l2_tree", lambda self, start: searched.append(start) or {})
     monkeypatch.setattr(Topology, "paths", lambda self, a, b: [[a, "sw", b]])
-    with pytest.raises(ValueError, match=r"path-search steps, more than the 2,000,000"):
+    with pytest.raises(ValueError, match=r"path-search steps, more than the 1,000,000"):
         check_path_work(t, schedules)
     assert not searched
 
