@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,14 +47,15 @@ from orchestrator.spec import lab_from_argument  # noqa: E402
 from tests.netns.probes import iperf3_mbit  # noqa: E402
 
 
-def goodput(mbytes: int, iterations: int) -> dict:
+def goodput(mbytes: int, iterations: int, transport: str = "tcp") -> dict:
     spec = lab_from_argument("star,2", name="bench-goodput", **{"servers.runtime": "netns", "links.bandwidth": "1Gbit"})
     with Lab.up(spec) as lab:
         iperf = statistics.median(iperf3_mbit(lab, "h0", "h1", seconds=5, extra=["--bidir"]) for _ in range(3))
         endpoints = lab_agents.start(lab)
         try:
             elements = mbytes * 2**20 // 4
-            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations)
+            result = driver.run(endpoints, "ring", [elements], workloads.emulated([elements]), iterations=iterations,
+                                transport=transport)
             rates = [elements * 4 * 8 / gst / 1e6 for gst in result.gst()]  # each way, at once
             agent = statistics.median(rates[1:] or rates)
             memory = max(r.peak_rss_mib - r.buffer_mib for r in result.results)
@@ -73,7 +75,8 @@ def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
 
 
 def iperf3_ring(lab, servers: int, seconds: int = 5) -> dict:
-    """Every server sends to the next at once, as a ring step does: Mbit/s per flow."""
+    """Every server sends to the next at once, as a ring step does: Mbit/s per flow, and
+    the CPU (core-seconds) per GB delivered."""
     names = [s.name for s in lab.topology.servers]
     listeners = [lab.popen(n, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1) for n in names]
     time.sleep(0.5)
@@ -83,15 +86,24 @@ def iperf3_ring(lab, servers: int, seconds: int = 5) -> dict:
                   stdout=-1, stderr=-1, text=True)
         for i, n in enumerate(names)
     ]
-    rates = [json.loads(c.communicate()[0])["end"]["sum_received"]["bits_per_second"] / 1e6 for c in clients]
-    busy = cpu_busy(before, cpu_counters())
+    reports = [json.loads(c.communicate()[0])["end"]["sum_received"] for c in clients]
+    after = cpu_counters()
+    busy = cpu_busy(before, after)
     for listener in listeners:
         listener.wait()
-    return {"mbit_per_flow": round(statistics.median(rates), 1), "cpu_busy": busy}
+    rates = [r["bits_per_second"] / 1e6 for r in reports]
+    delivered = sum(r["bytes"] for r in reports)
+    return {"mbit_per_flow": round(statistics.median(rates), 1), "cpu_busy": busy,
+            "cpu_s_per_gb": round(core_seconds(before, after) / (delivered / 1e9), 3)}
+
+
+def core_seconds(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Busy core-seconds between two readings of /proc/stat (clock ticks of 1/100 s)."""
+    return ((after[0] - before[0]) - (after[1] - before[1])) / os.sysconf("SC_CLK_TCK")
 
 
 def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0,
-               algorithm: str = "ring", mtu: int = 1500) -> dict:
+               algorithm: str = "ring", mtu: int = 1500, transports: tuple[str, ...] = ("tcp",)) -> list[dict]:
     """The ring's (or `algorithm`'s) busbw; with `partition_mbytes`, pipelined: ByteScheduler
     partitions of that size, two in flight (credit window), so one partition's steps overlap
     the next's.
@@ -101,42 +113,52 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
     agents (NCCL-tests' default; the max is shown too). And as a training run sees it: an
     emulated gradient filled before every iteration, t = GST (the slowest agent's time in
     the allreduce, waiting for peers still filling included; median over iterations after
-    the first)."""
+    the first). One result per transport, on the same lab, against the same iperf3 baseline."""
     spec = lab_from_argument(f"star,{servers}", name="bench-ring",
                              **{"servers.runtime": "netns", "links.bandwidth": rate, "links.mtu": mtu})
     with Lab.up(spec) as lab:
         baseline = iperf3_ring(lab, servers)
         endpoints = lab_agents.start(lab)
         try:
-            elements = mbytes * 2**20 // 4
-            pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
-                if partition_mbytes else {}
-            ctx = Context(servers, options={"colocated": True}) if algorithm == "ps" else None
-            before = cpu_counters()
-            loop = driver.run(endpoints, algorithm, [elements], workloads.back_to_back([elements]),
-                              iterations=iterations + 1, ctx=ctx, **pipelining)
-            busy = cpu_busy(before, cpu_counters())
-            training = driver.run(endpoints, algorithm, [elements], workloads.emulated([elements]),
-                                  iterations=iterations, ctx=ctx, **pipelining)
-            per_op = loop.back_to_back_times()
-            # iteration 1 opens the connections: the median of the rest
-            gst = statistics.median(training.gst()[1:] or training.gst())
-            memory = max(r.peak_rss_mib - r.buffer_mib for r in loop.results + training.results)
+            return [_ring_over(endpoints, lab, baseline, transport, servers, mbytes, iterations, rate, partition_mbytes,
+                               algorithm, mtu) for transport in transports]
         finally:
             lab_agents.stop(endpoints)
-    link = spec.links.bandwidth
+
+
+def _ring_over(endpoints, lab, baseline: dict, transport: str, servers: int, mbytes: int, iterations: int, rate: str,
+               partition_mbytes: int, algorithm: str, mtu: int) -> dict:
+    elements = mbytes * 2**20 // 4
+    pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
+        if partition_mbytes else {}
+    ctx = Context(servers, options={"colocated": True}) if algorithm == "ps" else None
+    before = cpu_counters()
+    loop = driver.run(endpoints, algorithm, [elements], workloads.back_to_back([elements]),
+                      iterations=iterations + 1, ctx=ctx, transport=transport, **pipelining)
+    after = cpu_counters()
+    busy = cpu_busy(before, after)
+    sent = sum(r.bytes_sent for result in loop.results for r in result.records)
+    training = driver.run(endpoints, algorithm, [elements], workloads.emulated([elements]),
+                          iterations=iterations, ctx=ctx, transport=transport, **pipelining)
+    per_op = loop.back_to_back_times()
+    # iteration 1 opens the connections: the median of the rest
+    gst = statistics.median(training.gst()[1:] or training.gst())
+    memory = max(r.peak_rss_mib - r.buffer_mib for r in loop.results + training.results)
+    link = lab.spec.links.bandwidth
     factor = 2 * (servers - 1) / servers  # NCCL-tests' allreduce bus factor
 
     def busbw(seconds: float) -> float:
         return elements * 4 * 8 / seconds * factor
 
     mean = statistics.fmean(per_op)
-    return {"algorithm": algorithm, "servers": servers, "mbytes": mbytes, "link": rate, "mtu": mtu,
-            "partition_mbytes": partition_mbytes, "iterations": iterations,
+    cpu_per_gb = core_seconds(before, after) / (sent / 1e9)  # the whole run, configure and warm-up included
+    return {"algorithm": algorithm, "transport": transport, "servers": servers, "mbytes": mbytes, "link": rate,
+            "mtu": mtu, "partition_mbytes": partition_mbytes, "iterations": iterations,
             "time_s": round(mean, 4), "busbw_gbit": round(busbw(mean) / 1e9, 3),
             "ratio_to_link": round(busbw(mean) / link, 3), "ratio_to_link_slowest_agent": round(busbw(max(per_op)) / link, 3),
             "training_gst_s": round(gst, 3), "training_ratio_to_link": round(busbw(gst) / link, 3),
-            "goal": 0.9, "agents_cpu_busy": busy,
+            "goal": 0.9, "agents_cpu_busy": busy, "agents_cpu_s_per_gb": round(cpu_per_gb, 3),
+            "cpu_per_byte_to_iperf3": round(cpu_per_gb / baseline["cpu_s_per_gb"], 2),
             "iperf3_ring_mbit_per_flow": baseline["mbit_per_flow"], "iperf3_ring_cpu_busy": baseline["cpu_busy"],
             "ratio_to_iperf3_ring": round(busbw(mean) / 1e6 / baseline["mbit_per_flow"], 3),
             "rss_beyond_buffer_mib": round(memory, 1)}
@@ -152,34 +174,41 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true", help="also run the 1 Gbit ring on 2 and 4 servers")
     parser.add_argument("--partition-mbytes", type=int, default=8, help="partition size of the pipelined ring")
     parser.add_argument("--algorithms", default="", help="comma-separated others to run too, e.g. mesh,ps")
-    parser.add_argument("--jumbo-mtu", type=int, default=9000, help="MTU of one more 1 Gbit ring run")
+    parser.add_argument("--jumbo-mtu", type=int, default=9000, help="MTU of one more 1 Gbit ring run (0: none)")
+    parser.add_argument("--transports", default="tcp,grpc",
+                        help="comma-separated agent transports, each on the same labs (the first is the goal's)")
+    parser.add_argument("--no-goodput", action="store_true", help="skip the 2-server goodput case")
     args = parser.parse_args()
-    one = goodput(args.mbytes, args.iterations)
-    rings = [ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition)
-             for partition in (0, args.partition_mbytes) for rate in ("1Gbit", args.slow_rate)]
-    rings.append(ring_busbw(args.servers, args.mbytes, args.iterations, "1Gbit", mtu=args.jumbo_mtu))
-    print(f"goodput   iperf3 {one['iperf3_mbit']} Mbit/s, agent {one['agent_mbit']} Mbit/s: ratio {one['ratio']} (goal >= 0.97)")
+    chosen = tuple(filter(None, args.transports.split(",")))
+    one = None if args.no_goodput else goodput(args.mbytes, args.iterations, chosen[0])
+    rings = [r for partition in (0, args.partition_mbytes) for rate in ("1Gbit", args.slow_rate)
+             for r in ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition, transports=chosen)]
+    if args.jumbo_mtu:
+        rings += ring_busbw(args.servers, args.mbytes, args.iterations, "1Gbit", mtu=args.jumbo_mtu, transports=chosen)
+    if one:
+        print(f"goodput   {chosen[0]}: iperf3 {one['iperf3_mbit']} Mbit/s, agent {one['agent_mbit']} Mbit/s: "
+              f"ratio {one['ratio']} (goal >= 0.97)")
     for ring in rings:
         kind = f"pipelined, {ring['partition_mbytes']} MiB partitions" if ring["partition_mbytes"] else "one partition"
-        print(f"ring      {ring['servers']} servers, {ring['mbytes']} MB, {ring['link']} links, MTU {ring['mtu']}, {kind}: "
-              f"busbw {ring['busbw_gbit']} Gbit/s, ratio to link {ring['ratio_to_link']} (goal >= 0.9; "
-              f"{ring['ratio_to_link_slowest_agent']} by the slowest agent); training run (fill, then allreduce) "
-              f"{ring['training_ratio_to_link']} by GST; iperf3 in the ring's pattern "
-              f"{ring['iperf3_ring_mbit_per_flow']} Mbit/s per flow at {ring['iperf3_ring_cpu_busy']:.0%} CPU; "
-              f"agents at {ring['agents_cpu_busy']:.0%} CPU")
+        print(f"ring      {ring['transport']:<4} {ring['servers']} servers, {ring['mbytes']} MB, {ring['link']} links, "
+              f"MTU {ring['mtu']}, {kind}: busbw {ring['busbw_gbit']} Gbit/s, ratio to link {ring['ratio_to_link']} "
+              f"({ring['ratio_to_link_slowest_agent']} by the slowest agent); training run {ring['training_ratio_to_link']} "
+              f"by GST; agents at {ring['agents_cpu_busy']:.0%} CPU, {ring['agents_cpu_s_per_gb']} core-s/GB = "
+              f"{ring['cpu_per_byte_to_iperf3']} x iperf3's ({ring['iperf3_ring_mbit_per_flow']} Mbit/s per flow at "
+              f"{ring['iperf3_ring_cpu_busy']:.0%} CPU); RSS beyond buffer {ring['rss_beyond_buffer_mib']} MiB")
     smaller = [n for n in (2, 4) if n < args.servers] if args.scaling else []
-    scaling = [ring_busbw(n, args.mbytes, args.iterations, "1Gbit") for n in smaller]
+    scaling = [r for n in smaller for r in ring_busbw(n, args.mbytes, args.iterations, "1Gbit", transports=chosen)]
     for ring in scaling:
-        print(f"scaling   {ring['servers']} servers at 1Gbit: busbw ratio to link {ring['ratio_to_link']} "
-              f"({ring['training_ratio_to_link']} training run), "
+        print(f"scaling   {ring['transport']:<4} {ring['servers']} servers at 1Gbit: busbw ratio to link "
+              f"{ring['ratio_to_link']} ({ring['training_ratio_to_link']} training run), "
               f"agents at {ring['agents_cpu_busy']:.0%} CPU")
-    others = [ring_busbw(args.servers, args.mbytes, args.iterations, rate, algorithm=name)
-              for name in filter(None, args.algorithms.split(",")) for rate in ("1Gbit", args.slow_rate)]
+    others = [r for name in filter(None, args.algorithms.split(",")) for rate in ("1Gbit", args.slow_rate)
+              for r in ring_busbw(args.servers, args.mbytes, args.iterations, rate, algorithm=name, transports=chosen)]
     for other in others:
-        print(f"{other['algorithm']:<9} {other['servers']} servers, {other['link']} links: busbw ratio to link "
-              f"{other['ratio_to_link']} ({other['training_ratio_to_link']} training run), agents at {other['agents_cpu_busy']:.0%} CPU, "
-              f"RSS beyond buffer {other['rss_beyond_buffer_mib']} MiB")
-    memory = max([one["rss_beyond_buffer_mib"]] + [r["rss_beyond_buffer_mib"] for r in rings + scaling + others])
+        print(f"{other['algorithm']:<9} {other['transport']:<4} {other['servers']} servers, {other['link']} links: busbw "
+              f"ratio to link {other['ratio_to_link']} ({other['training_ratio_to_link']} training run), agents at "
+              f"{other['agents_cpu_busy']:.0%} CPU, RSS beyond buffer {other['rss_beyond_buffer_mib']} MiB")
+    memory = max(([one["rss_beyond_buffer_mib"]] if one else []) + [r["rss_beyond_buffer_mib"] for r in rings + scaling + others])
     print(f"memory    agent RSS beyond buffers: {memory} MiB (goal <= 80 MB = 76.3 MiB)")
     print(json.dumps({"goodput": one, "ring": rings, "scaling": scaling, "others": others}))
 

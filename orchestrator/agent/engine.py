@@ -26,64 +26,20 @@ opens its connections and enters the first iteration at the instant the driver n
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import grpc
 import numpy as np
 
+from orchestrator.agent import transports
 from orchestrator.agent.pacing import Pacer, connected
 from orchestrator.agent.plan import PartitionPlan, Send, Step
 from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.transports.base import Stream
 
-MAX_FRAME_BYTES = 2**20
 RECONNECT_WAIT = 2.0  # seconds a paced send waits for its connection before writing anyway
-
-
-# HTTP/2 keepalive on every data connection, so that a dead path (a cut link, a frozen peer)
-# ends its calls with UNAVAILABLE instead of leaving a send blocked until TCP gives up
-# (~15 minutes): a ping every 2 s while calls are open, the connection given up when one is
-# unanswered for 10 s. Generous, because a ping queues behind what the socket and the link's
-# queue hold (a few MB at 10 Mbit is seconds); the driver's stall detection names a stalled
-# run sooner. Both ends are agents, so the server accepts pings that often (by default it
-# answers more than two pings in 5 minutes without data with GOAWAY "too_many_pings").
-KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 2000),
-    ("grpc.keepalive_timeout_ms", 10000),
-    ("grpc.http2.max_pings_without_data", 0),  # a stream blocked on a dead path sends no data
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-    ("grpc.http2.max_ping_strikes", 0),
-]
-
-
-def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
-    """gRPC options of the agents' servers and channels.
-
-    One stream must be able to fill a fast link on its own, so its HTTP/2 window must cover
-    the path's bandwidth-delay product. With `window_bytes` 0 gRPC grows windows by BDP
-    probing — but behind a deep link queue it measures the queueing delay too and lets every
-    connection buffer megabytes (a mesh agent has N−1 of them: measured ~98 MiB beyond its
-    gradient at 1 Gbit). Inside a lab the orchestrator knows the BDP and fixes the window
-    instead (see `runner.lab_agents.flow_window`).
-
-    HTTP/2 frames of up to 1 MiB instead of gRPC's 16 KiB: a 1 MiB chunk then crosses as one
-    or two DATA frames instead of 64, each parsed and flow-controlled on its own. In a
-    CPU-bound ring (8 agents, 1 Gbit, 2 cores, back to back) busbw went from 0.90-0.93 to
-    0.93-0.945 × link over eight interleaved runs each (scratch); 256 KiB and 4 MiB frames
-    did no better than 16 KiB, and memory did not change."""
-    options = [
-        # a run's own connections: gRPC would hand a new channel the still-open connection of
-        # the last run's (its pacing rate set, its path hashed before the driver looked)
-        ("grpc.use_local_subchannel_pool", 1),
-        ("grpc.max_receive_message_length", 64 * 2**20),
-        ("grpc.max_send_message_length", 64 * 2**20),
-        ("grpc.http2.max_frame_size", MAX_FRAME_BYTES),
-        *KEEPALIVE,
-    ]
-    if window_bytes:
-        return options + [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]
-    return options + [("grpc.http2.bdp_probe", 1)]
 
 
 @dataclass
@@ -136,6 +92,7 @@ class Engine:
         counters,
         window_bytes: int = 0,
         link_rate: float = 0.0,
+        transport: str = "",
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -145,15 +102,19 @@ class Engine:
         self.chunk_elements = max(1, chunk_bytes // buffer.itemsize)
         self.credit_bytes = credit_bytes
         self.counters = counters  # callable(peer_node, sent_bytes, received_bytes, nic=-1)
-        self.options = channel_options(window_bytes)
+        self.transport = transports.get(transport).name
+        self.sender = transports.get(transport).sender(run_id, rank, window_bytes)
         self.pacer = Pacer(link_rate)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
         self.changed = asyncio.Condition()
-        self.channels: dict[str, grpc.aio.Channel] = {}
-        self.stubs: dict[str, grpc.aio.StreamUnaryMultiCallable] = {}
-        self.streams: dict[tuple[int, int, int], tuple[grpc.aio.StreamUnaryCall, asyncio.Lock]] = {}
-        self.unacknowledged: list[tuple[grpc.aio.StreamUnaryCall, int]] = []  # (call, destination rank)
+        self.streams: dict[tuple[int, int, int], tuple[Stream, asyncio.Lock]] = {}
+        self.unacknowledged: list[tuple[Stream, int]] = []  # (stream, destination rank)
+        # applying chunks: the receiving threads of a transport (tcp) add into the buffer
+        # outside the event loop, and two of them may add into one range in one step (a PS)
+        self.apply_lock = threading.Lock()
+        self.inbound: set = set()  # a transport's incoming sockets of this run (closed with it)
+        self.closed = False
         self.sent = 0
         self.received = 0
         # monotonic time this rank last moved data inside an allreduce (None outside one):
@@ -203,6 +164,8 @@ class Engine:
         await self._progressed()
 
     def _ready_for(self, chunk: pb.Chunk) -> bool:
+        if self.closed:
+            raise ConnectionAbortedError("the run was reconfigured")
         if chunk.iteration < self.iteration:
             raise ValueError(f"chunk for finished iteration {chunk.iteration}")
         if chunk.iteration > self.iteration:
@@ -216,6 +179,46 @@ class Engine:
                 f"[{chunk.offset}, +{chunk.count}) from rank {chunk.src}"
             )
         return state.clear_to_apply(chunk.step, chunk.offset, chunk.offset + chunk.count)
+
+    # -- receiving outside the event loop (a transport's reading threads: tcp) -------------
+    async def admit(self, head: pb.Chunk) -> bool:
+        """May `head`'s payload land now, written by the caller's thread? Waits until this rank
+        has entered the chunk's iteration (nothing this iteration needs comes after it);
+        False while its range still waits on this rank's earlier steps; raises for a chunk
+        that does not belong. Until `landed`, its range stays due: nothing after it in the
+        schedule reads or writes it."""
+        await self._until(lambda: self.closed or head.iteration <= self.iteration)
+        if not self._ready_for(head):
+            return False
+        left = self.states[head.partition].receiving[(head.step, head.src, head.offset)]
+        if head.offset + head.count > left.hi:
+            raise ValueError(f"chunk [{head.offset}, +{head.count}) from rank {head.src} overruns its transfer")
+        return True
+
+    async def landed(self, head: pb.Chunk, peer: str) -> None:
+        """An admitted chunk has been applied."""
+        state = self.states[head.partition]
+        left = state.receiving.pop((head.step, head.src, head.offset))
+        left.lo += head.count
+        if left.lo < left.hi:
+            state.receiving[(left.step, left.peer, left.lo)] = left
+        size = head.count * self.buffer.itemsize
+        self.received += size
+        self.counters(peer, 0, size)
+        await self._progressed()
+
+    async def accept_staged(self, head: pb.Chunk, payload: memoryview, peer: str, after=None) -> None:
+        """Apply a chunk that could not land when it arrived, once it may; after `after`
+        (a concurrent future: the transfer's chunk before it, staged too)."""
+        if after is not None:
+            await asyncio.wrap_future(after)
+        await self._accept_chunk(head, payload)
+        size = head.count * self.buffer.itemsize
+        self.received += size
+        self.counters(peer, 0, size)
+
+    def node_of(self, rank: int) -> str:
+        return self._node(rank)
 
     async def _progressed(self) -> None:
         """Wake whoever waits in `_until`; note the time for stall detection."""
@@ -234,42 +237,31 @@ class Engine:
         if len(data) != chunk.count:
             raise ValueError(f"chunk carries {len(data)} elements, header says {chunk.count}")
         view = self.buffer[chunk.offset : chunk.offset + chunk.count]
-        if chunk.copy:
-            view[:] = data
-        else:
-            np.add(view, data, out=view)
+        with self.apply_lock:
+            if chunk.copy:
+                view[:] = data
+            else:
+                np.add(view, data, out=view)
         return chunk.count
 
     # -- sending --------------------------------------------------------------------------
     def _target(self, send: Send) -> str:
-        """The peer's address on the NIC the transfer names."""
+        """The peer's address on the NIC the transfer names, for this run's transport."""
         peer = self.peers[send.dst]
-        return peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
-
-    def _push(self, target: str):
-        """The Data.Push call towards `target`."""
-        if target not in self.stubs:
-            self.channels[target] = grpc.aio.insecure_channel(target, options=self.options)
-            # requests are already-encoded Chunk messages (see encode_chunk)
-            self.stubs[target] = self.channels[target].stream_unary(
-                PUSH, request_serializer=None, response_deserializer=pb.Ack.FromString
-            )
-        return self.stubs[target]
+        address = peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
+        return transports.address_for(self.transport, address)
 
     async def _send(self, partition: int, step: int, send: Send, key: tuple[int, int]) -> None:
         """Write one transfer's chunks into the partition's call to the peer (opened on first
         use), each once its range is ready; done when written — the range has been copied
         out of the buffer by then. `key` names the transfer's unwritten range in the state."""
-        call, lock = self._stream(partition, send)
+        stream, lock = self._stream(partition, send)
         state = self.states[partition]
         left = state.sending[key]
         target = self._target(send)
         if send.share < 1 and target not in self.pacer.fds:
             # its socket exists once connected (`connect` waited already; this is a reconnect)
-            try:
-                await asyncio.wait_for(self.channels[target].channel_ready(), RECONNECT_WAIT)
-            except asyncio.TimeoutError:
-                pass  # a peer that is gone: the write below says so
+            await self.sender.ready(target, RECONNECT_WAIT)
         self.pacer.begin(target, (partition, key), send.share)
         try:
             async with lock:  # two sends of one step to one peer address share the call
@@ -281,9 +273,10 @@ class Engine:
                         src=self.rank, offset=start, count=count, copy=send.copy,
                     )
                     try:
-                        await call.write(encode_chunk(head, self.buffer[start : start + count]))
-                    except Exception as exc:  # the call ended early
-                        raise await self._refusal(call, send.dst, exc) from exc
+                        await stream.write(head, self.buffer[start : start + count])
+                    except Exception as exc:  # the stream ended early
+                        reason = await stream.reason(exc)
+                        raise RuntimeError(f"sending to rank {send.dst} ({self._node(send.dst)}): {reason}") from exc
                     left.lo = start + count
                     if left.lo >= left.hi:
                         del state.sending[key]
@@ -300,57 +293,35 @@ class Engine:
         in time is left to the first send to it, which reports it."""
         targets = {self._target(send) for plan in self.plans for step in plan.steps for send in step.sends}
         # before our own channels exist: whatever leads to these peers now is not this run's
-        self.pacer.stale |= connected(targets - set(self.stubs))
-        for target in targets:
-            self._push(target)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(self.channels[t].channel_ready() for t in targets)), timeout)
-        except asyncio.TimeoutError:
-            pass
+        self.pacer.stale |= connected({t for t in targets if not self.sender.connected(t)})
+        await self.sender.connect(targets, timeout)
 
     def _node(self, rank: int) -> str:
         return self.peers.get(rank, {}).get("node", str(rank))
 
-    def _stream(self, partition: int, send: Send) -> tuple[grpc.aio.StreamUnaryCall, asyncio.Lock]:
+    def _stream(self, partition: int, send: Send) -> tuple[Stream, asyncio.Lock]:
         key = (partition, send.dst, send.nic)
         if key not in self.streams:
-            self.streams[key] = (self._push(self._target(send))(), asyncio.Lock())
+            self.streams[key] = (self.sender.stream(self._target(send)), asyncio.Lock())
         return self.streams[key]
 
     async def _finish_streams(self, partition: int) -> None:
         for key in [key for key in self.streams if key[0] == partition]:
-            call, _ = self.streams.pop(key)
-            await call.done_writing()
-            self.unacknowledged.append((call, key[1]))
+            stream, _ = self.streams.pop(key)
+            await stream.finish()
+            self.unacknowledged.append((stream, key[1]))
 
     async def _acknowledged(self) -> None:
         while self.unacknowledged:  # each dropped once in: those left are what Status reports due
-            call, dst = self.unacknowledged[0]
+            stream, dst = self.unacknowledged[0]
             try:
-                ack = await call
-            except grpc.aio.AioRpcError as exc:
-                raise await self._refusal(call, dst, exc) from exc
-            if not ack.ok:
-                raise RuntimeError(f"rank {dst} ({self._node(dst)}) refused a transfer: {ack.error}")
+                refused = await stream.acknowledged()
+            except Exception as exc:  # the stream ended without the receiver's word
+                reason = await stream.reason(exc)
+                raise RuntimeError(f"sending to rank {dst} ({self._node(dst)}): {reason}") from exc
+            if refused:
+                raise RuntimeError(f"rank {dst} ({self._node(dst)}) refused a transfer: {refused}")
             self.unacknowledged.pop(0)
-
-    async def _refusal(self, call: grpc.aio.StreamUnaryCall, dst: int, exc: Exception) -> RuntimeError:
-        """One line on why a call to `dst` ended early: the call's own status (a failed write
-        only says "INTERNAL: Internal error from Core" where the call says, e.g., UNAVAILABLE:
-        keepalive watchdog timeout), or the receiver's Ack."""
-        def said(error: Exception) -> str:
-            if isinstance(error, grpc.aio.AioRpcError):
-                return f"{error.code().name}: {error.details()}"
-            return f"{type(error).__name__}: {error}"
-
-        try:
-            ack = await asyncio.wait_for(asyncio.shield(call), 2.0)
-            reason = ack.error if not ack.ok else said(exc)
-        except grpc.aio.AioRpcError as failed:
-            reason = said(failed)
-        except Exception:  # noqa: BLE001 - not ended in time, or unreadable: the first error then
-            reason = said(exc)
-        return RuntimeError(f"sending to rank {dst} ({self._node(dst)}): {reason}")
 
     # -- one allreduce --------------------------------------------------------------------
     async def allreduce(self, iteration: int) -> None:
@@ -397,8 +368,8 @@ class Engine:
             self.progressed_at = None
             for task in tasks:
                 task.cancel()
-            for call, _ in [*self.streams.values(), *self.unacknowledged]:
-                call.cancel()
+            for stream, _ in [*self.streams.values(), *self.unacknowledged]:
+                stream.cancel()
             self.streams, self.unacknowledged = {}, []
             raise
 
@@ -448,91 +419,16 @@ class Engine:
         return found[:limit]
 
     async def close(self) -> None:
-        for channel in self.channels.values():
-            await channel.close()
-        # a closed channel's connection lives as long as a call object on it does
-        self.channels.clear()
-        self.stubs.clear()
+        async with self.changed:  # chunks waiting to land give up (_ready_for raises)
+            self.closed = True
+            self.changed.notify_all()
+        for stream, _ in [*self.streams.values(), *self.unacknowledged]:
+            stream.cancel()
+        await self.sender.close()
+        for sock in list(self.inbound):  # their reading threads end
+            try:
+                sock.shutdown(2)  # SHUT_RDWR
+            except OSError:
+                pass
         self.streams.clear()
         self.unacknowledged.clear()
-
-
-PUSH = "/testbed.Data/Push"
-_DATA_KEY = b"\x4a"  # field 9 (`data`), wire type 2 (length-delimited)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, value = value & 0x7F, value >> 7
-        out.append(bits | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = raw[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def decode_chunk(raw: bytes) -> tuple[pb.Chunk, memoryview]:
-    """(header, payload view) of an encoded Chunk, without copying the payload (protobuf's
-    parser would copy it into a new bytes object). Accepts any valid encoding, in any
-    field order, from any client."""
-    view, pos, header, payload = memoryview(raw), 0, [], memoryview(b"")
-    while pos < len(raw):
-        start = pos
-        key, pos = _read_varint(raw, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _read_varint(raw, pos)
-        elif wire == 2:
-            length, pos = _read_varint(raw, pos)
-            if key >> 3 == 9:
-                payload = view[pos : pos + length]
-                pos += length
-                continue
-            pos += length
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire} in a Chunk")
-        header.append(raw[start:pos])
-    return pb.Chunk.FromString(b"".join(header)), payload
-
-
-def _padded_varint(value: int, width: int) -> bytes:
-    """`value` as a varint of exactly `width` bytes (≤ 5: continuation bytes carrying
-    zeros, a valid encoding that protobuf's parsers accept up to 32 bits)."""
-    out = bytearray(_varint(value))
-    if len(out) > width:
-        raise ValueError(f"{value} does not fit a {width}-byte varint")
-    out[-1] |= 0x80
-    out += b"\x80" * (width - len(out) - 1) + b"\x00"
-    return bytes(out)
-
-
-_COPY_KEY = b"\x40"  # field 8 (`copy`), wire type 0 (varint)
-PAYLOAD_OFFSET = 8  # where an encoded chunk's payload starts: 8-byte aligned, as the message is
-
-
-def encode_chunk(head: pb.Chunk, data: np.ndarray) -> bytes:
-    """The protobuf encoding of `head` with `data` as its `data` field, built with a single
-    copy out of the buffer (a Chunk built and serialised by protobuf copies twice; at
-    several Gbit/s through 2 cores that matters). Receivers parse it as a plain Chunk.
-
-    The payload starts at byte 8: `copy` (2 bytes), then `data`'s key and its length as a
-    5-byte varint, then the payload, then the other fields. A received message is a fresh
-    bytes object whose data is 8-byte aligned, so the payload is too, and numpy adds it
-    without first copying it into aligned buffers (it did, for ~4 % of the agents' copying
-    in a ring)."""
-    view = memoryview(np.ascontiguousarray(data)).cast("B")
-    # `copy` may come again in the other fields, with the same value (the last one counts)
-    return b"".join((_COPY_KEY, b"\x01" if head.copy else b"\x00", _DATA_KEY, _padded_varint(view.nbytes, 5), view,
-                     head.SerializeToString()))

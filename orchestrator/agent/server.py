@@ -49,7 +49,10 @@ from grpc_reflection.v1alpha import reflection  # noqa: E402
 from orchestrator.agent import plan as plan_format  # noqa: E402
 from orchestrator.agent import workload as workloads  # noqa: E402
 from orchestrator.agent.auth import TOKEN_ENV, TokenCheck  # noqa: E402
-from orchestrator.agent.engine import Engine, channel_options, decode_chunk  # noqa: E402
+from orchestrator.agent import transports  # noqa: E402
+from orchestrator.agent.engine import Engine  # noqa: E402
+from orchestrator.agent.transports.grpc_push import channel_options, decode_chunk  # noqa: E402
+from orchestrator.agent.transports.tcp import TcpListener  # noqa: E402
 from orchestrator.agent.metrics import Metrics  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc  # noqa: E402
@@ -102,7 +105,7 @@ class Agent:
         self.engine = Engine(
             config.run_id, config.rank, plans, buffer, peers,
             config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
-            self.window_bytes, plan_format.link_rate(config.plan_json),
+            self.window_bytes, plan_format.link_rate(config.plan_json), config.transport,
         )
         # connected before Start: the orchestrator may read the connections' paths in between
         await self.engine.connect()
@@ -391,11 +394,20 @@ async def serve(
     data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
+    listeners = [TcpListener(transports.address_for("tcp", address), agent.engine_for) for address in data]
+    for listener in listeners:
+        try:
+            listener.bind()
+        except OSError as exc:
+            raise SystemExit(f"testbed-agent: cannot listen on {listener.address} (the tcp transport, the data "
+                             f"port + 1): {exc.strerror}") from None
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):  # a supervisor's stop: health goes NOT_SERVING first
         loop.add_signal_handler(signum, agent.stopping.set)
     await control_server.start()
     await data_server.start()
+    for listener in listeners:
+        await listener.start()
     for service in (CONTROL_SERVICE, DATA_SERVICE):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"testbed-agent {node}: control {control}, data {','.join(data)}", flush=True)
@@ -403,6 +415,8 @@ async def serve(
     await health.enter_graceful_shutdown()
     await agent.stop()
     await asyncio.sleep(0.1)  # let the Shutdown reply leave
+    for listener in listeners:
+        listener.close()
     await data_server.stop(0.5)
     await control_server.stop(0.5)
 

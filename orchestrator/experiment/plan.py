@@ -132,7 +132,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                              f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
         prediction = predict_schedules(
             topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
-            chunk_bytes(schedules, partitioning.credit_bytes), partitioning.credit_bytes)
+            chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes)
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
             else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"

@@ -226,7 +226,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                 partition_bytes=point.partitioning.partition_bytes,
                                 credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                 network=Network.from_links(lab.spec.links), link_state=lab.link_up,
-                                flow_paths=lab_agents.flow_paths(lab), survive=bool(faults), rejoin=rejoiner)
+                                flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
+                                rejoin=rejoiner, transport=spec.agents.transport)
     except driver.RunError as exc:
         entry["status"], entry["error"] = "failed", str(exc)
     except BaseException as exc:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.agent import auth
+from orchestrator.agent import auth, transports
 from orchestrator.agent.plan import build_rank_plans, chunk_bytes as default_chunk_bytes
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
@@ -224,6 +224,7 @@ def run(
     flow_paths: Callable[[], dict] | None = None,
     survive: bool = False,
     rejoin: Callable[[set[str]], list[Endpoint]] | None = None,
+    transport: str = transports.DEFAULT,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -254,12 +255,19 @@ def run(
     `RETRIES` retries over fresh connections all named it and only it (`_Survivor._cut_off`).
     Fails (RunError) when nobody died and no one server is cut off (a cut path, a bug:
     nothing to drop) or the algorithm cannot lose the dead.
+
+    `transport`: how the agents move chunks (agent/transports: tcp by default, or grpc);
+    `flow_paths` must then read the connections to that transport's port.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
     per_worker = workloads if isinstance(workloads, list) else [workloads] * len(workers)
+    try:
+        transports.get(transport)  # an unknown name fails here, not on every agent
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
     how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
-               flow_paths)
+               flow_paths, transport)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -280,6 +288,7 @@ class _How:
     stall_timeout: float | None
     link_state: Callable[[str, str], bool | None] | None
     flow_paths: Callable[[], dict] | None
+    transport: str = transports.DEFAULT
 
 
 @dataclass
@@ -310,7 +319,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         raise RunError(f"cannot build {algorithm} over these servers: {exc}") from None
     ranks = schedules[0][1].ranks if schedules else len(endpoints)
     _check_ranks(algorithm, schedules, ranks, endpoints)
-    chunk_bytes = how.chunk_bytes or default_chunk_bytes(schedules, credit_bytes)
+    chunk_bytes = how.chunk_bytes or default_chunk_bytes(schedules, credit_bytes, transport=how.transport)
     nodes, in_lab = _rank_nodes(ctx, endpoints, ranks)
     network = how.network
     predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes)
@@ -334,6 +343,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
                     workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
                     workers=len(workers), first_iteration=span.first, members=span.members,
                     identity=span.identities.get(endpoint.node, endpoint.rank), state=span.state,
+                    transport=how.transport,
                 ),
                 timeout=60,
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from orchestrator.agent import transports
 from orchestrator.deploy.agents import (
     CONTROL_PORT,
     DATA_PORT,
@@ -35,9 +36,11 @@ def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = 
     return deploy(lab, servers, roles, via=via).endpoints
 
 
-def flow_paths(lab) -> Callable[[], dict]:
-    """What driver.run's `flow_paths` reads: the paths the agents' data connections took."""
-    return lambda: lab.connection_paths(DATA_PORT)
+def flow_paths(lab, transport: str = transports.DEFAULT) -> Callable[[], dict]:
+    """What driver.run's `flow_paths` reads: the paths the agents' data connections over
+    `transport` took."""
+    port = transports.data_port(transport, DATA_PORT)
+    return lambda: lab.connection_paths(port)
 
 
 def stop(eps: list[Endpoint]) -> None:

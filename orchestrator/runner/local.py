@@ -26,6 +26,27 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def agent_ports(count: int, host: str = "127.0.0.1") -> list[tuple[int, int]]:
+    """(control, data) ports for `count` agents on `host`, each data port's next one free
+    too (the tcp transport listens there: agent/transports/tcp.py)."""
+    held, pairs = [], []
+    try:
+        while len(pairs) < count:
+            control, data, tcp = socket.socket(), socket.socket(), socket.socket()
+            held += [control, data, tcp]
+            control.bind((host, 0))
+            data.bind((host, 0))
+            try:
+                tcp.bind((host, data.getsockname()[1] + 1))
+            except OSError:
+                continue  # taken (or past 65535): another data port
+            pairs.append((control.getsockname()[1], data.getsockname()[1]))
+        return pairs
+    finally:
+        for s in held:
+            s.close()
+
+
 @contextmanager
 def local_agents(
     workers: int, servers: int = 0, host: str = "127.0.0.1", window_bytes: int = 0
@@ -33,10 +54,10 @@ def local_agents(
     """`workers` + `servers` agent processes on loopback; stopped on exit. `window_bytes`:
     their fixed HTTP/2 window (0: grown by BDP probing)."""
     total = workers + servers
-    ports = free_ports(2 * total)
+    ports = agent_ports(total, host)
     endpoints, procs = [], []
     for rank in range(total):
-        control, data = f"{host}:{ports[2 * rank]}", f"{host}:{ports[2 * rank + 1]}"
+        control, data = (f"{host}:{port}" for port in ports[rank])
         node, token = f"local{rank}", secrets.token_urlsafe(32)
         procs.append(
             subprocess.Popen(

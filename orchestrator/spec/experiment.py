@@ -140,6 +140,15 @@ class AgentsSpec(_Strict):
     via: Literal["nsenter", "ssh", "exec"] = Field("nsenter", description="how agents are deployed")
     algorithms: list[Annotated[AlgorithmSpec, BeforeValidator(_algorithm)]] = Field(min_length=1, max_length=100)
     workload: WorkloadSpec
+    transport: str = Field("tcp", description="how agents move chunks: tcp (at the kernel's cost) or grpc (Data.Push)")
+
+    @field_validator("transport")
+    @classmethod
+    def _known_transport(cls, name: str) -> str:
+        from orchestrator.agent import transports  # a table of names; no I/O
+
+        transports.get(name)  # its ValueError names the ones there are
+        return name
 
     @field_validator("algorithms")
     @classmethod

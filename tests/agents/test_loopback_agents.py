@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator import topology
+from orchestrator.agent import transports
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.runner import driver, workloads
@@ -38,8 +39,9 @@ def agents():
         yield endpoints
 
 
+@pytest.mark.parametrize("transport", transports.names())
 @pytest.mark.parametrize("algorithm", sorted(registry.ALGORITHMS))
-def test_every_algorithm_completes_with_exact_sums(agents, algorithm):
+def test_every_algorithm_completes_with_exact_sums(agents, algorithm, transport):
     workers = WORKERS.get(algorithm, 6)
     ctx = _ctx(algorithm, workers)
     ranks = registry.builder(algorithm)(ctx, 10).ranks
@@ -47,7 +49,8 @@ def test_every_algorithm_completes_with_exact_sums(agents, algorithm):
         replace(e, rank=i, role="worker" if i < workers else "ps")
         for i, e in enumerate(agents[:ranks])
     ]
-    result = driver.run(endpoints, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=2, ctx=ctx)
+    result = driver.run(endpoints, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=2, ctx=ctx,
+                        transport=transport)
     worker_records = [r for r in result.records() if r["rank"] < workers]
     assert len(worker_records) == 2 * workers
     assert all(r["verified"] for r in worker_records)

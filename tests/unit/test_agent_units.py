@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent import plan as plan_format
-from orchestrator.agent.engine import PAYLOAD_OFFSET, decode_chunk, encode_chunk
+from orchestrator.agent.transports.grpc_push import PAYLOAD_OFFSET, GrpcStream, decode_chunk, encode_chunk
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.workload import DigitsMLP, check_sum, check_zero, emulated_gradient
 from orchestrator.collectives import registry
@@ -127,7 +127,7 @@ def test_digits_fixed_point_sum_is_exact_and_order_free():
 
 
 def test_channel_options_fix_the_window_or_leave_it_to_bdp_probing():
-    from orchestrator.agent.engine import channel_options
+    from orchestrator.agent.transports.grpc_push import channel_options
 
     fixed = dict(channel_options(3 * 2**20))
     assert fixed["grpc.http2.bdp_probe"] == 0 and fixed["grpc.http2.lookahead_bytes"] == 3 * 2**20
@@ -228,9 +228,12 @@ def test_a_run_of_small_messages_gives_freed_messages_back():
     ("tree", 5, None, 0, 512 * KIB), ("mesh", 4, None, 0, 512 * KIB),  # a root of three children; three peers
     ("mesh", 16, None, 0, 128 * KIB), ("mesh", 64, None, 0, 64 * KIB),  # never under 64 KiB
 ])
-def test_message_size_shrinks_when_a_rank_has_several_streams_coming_in(algorithm, workers, part_bytes, credit, expected):
+def test_grpc_message_size_shrinks_when_a_rank_has_several_streams_coming_in(algorithm, workers, part_bytes, credit,
+                                                                             expected):
     schedules = registry.schedules(algorithm, Context(workers), 10_000, partitions([10_000], part_bytes))
-    assert plan_format.chunk_bytes(schedules, credit) == expected
+    assert plan_format.chunk_bytes(schedules, credit, transport="grpc") == expected
+    # read straight into the buffer, tcp's chunks hold nothing in flight: always the largest
+    assert plan_format.chunk_bytes(schedules, credit, transport="tcp") == plan_format.MAX_CHUNK_BYTES
 
 
 class _EndedCall:
@@ -257,8 +260,8 @@ def _engine_sending_to(call: _EndedCall):
     from orchestrator.agent.engine import Engine, _PartitionState, _Range
 
     engine = Engine("run", 0, [], np.arange(10, dtype=np.float32), {1: {"node": "h1", "address": "-", "by_nic": {}}},
-                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None)
-    engine._push = lambda send: (lambda: call)
+                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None, transport="grpc")
+    engine.sender.stream = lambda target: GrpcStream(call)
     engine.iteration = 0
     engine.states = {0: _PartitionState(sending={(0, 0): _Range(0, 1, 0, 10)})}
     return engine
@@ -371,8 +374,8 @@ def _engine_of(steps: list[plan_format.Step], call: _RecordingCall, size: int = 
 
     plans = [plan_format.PartitionPlan(0, 0, size, 0, steps)]
     engine = Engine("run", 0, plans, np.ones(size, np.float32), {1: {"node": "h1", "address": "-", "by_nic": {}}},
-                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None)
-    engine._push = lambda send: (lambda: call)
+                    chunk_bytes=8, credit_bytes=0, counters=lambda *_: None, transport="grpc")
+    engine.sender.stream = lambda target: GrpcStream(call)
     return engine
 
 

@@ -1,0 +1,73 @@
+"""How an agent's chunks travel between ranks: one table of transports, by name.
+
+A transport is a `Sender` factory (agent/transports/base.py says what a sender and its
+streams do) and, on the receiving side, whatever listener hands chunks to the engine. The
+engine (agent/engine.py) keeps per-range ordering, pacing, credits and stall reporting; a
+transport only moves one rank's chunks to a peer's address and says why it could not.
+
+    grpc   gRPC Data.Push streams (HTTP/2): the reference path, any gRPC peer can speak it
+    tcp    one plain TCP connection per (peer, NIC), read straight into the gradient buffer
+           and written from it by threads outside the interpreter lock: the kernel's cost
+
+A user's transport registers with `register(name, factory, port_offset)` the way these do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+DEFAULT = "tcp"  # the fastest every lab supports (rdma needs a kernel with rxe)
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str
+    sender: Callable[..., object]  # (run_id, rank, window_bytes) → base.Sender
+    port_offset: int  # its listening port on a data address: the address's port + this
+    about: str = ""
+    # messages in flight are held in user space (encoded, buffered, received): their size
+    # is then budgeted by the streams a rank has (agent/plan.py, chunk_bytes)
+    holds_messages: bool = False
+
+
+TRANSPORTS: dict[str, Transport] = {}
+
+
+def register(name: str, sender: Callable[..., object], port_offset: int, about: str = "",
+             holds_messages: bool = False) -> None:
+    """Add (or replace) the transport `name`: `sender(run_id, rank, window_bytes)` makes a
+    rank's sending side; its peers listen on each data address's port + `port_offset`."""
+    TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages)
+
+
+def get(name: str) -> Transport:
+    _builtins()
+    try:
+        return TRANSPORTS[name or DEFAULT]
+    except KeyError:
+        raise ValueError(f"unknown transport {name!r}: one of {', '.join(sorted(TRANSPORTS))}") from None
+
+
+def names() -> list[str]:
+    _builtins()
+    return sorted(TRANSPORTS)
+
+
+def address_for(name: str, data_address: str) -> str:
+    """A peer's `host:port` for transport `name`, given its data address (its gRPC one)."""
+    offset = get(name).port_offset
+    if not offset:
+        return data_address
+    host, port = data_address.rsplit(":", 1)
+    return f"{host}:{int(port) + offset}"
+
+
+def data_port(name: str, port: int) -> int:
+    """The port a transport's connections go to, for an agent's data `port`."""
+    return port + get(name).port_offset
+
+
+def _builtins() -> None:
+    # imported on first use (they import this table): each registers itself
+    from orchestrator.agent.transports import grpc_push, tcp  # noqa: F401
