@@ -460,9 +460,11 @@ def predict(
     latency: str = typer.Option("0us", help="α: per-message latency, e.g. 50us"),
     efficiency: Optional[float] = typer.Option(None, help="payload share of a link (default: TCP's at the MTU, 0.956 at 1500)"),
     top: int = typer.Option(8, help="busiest link directions to list (0: none)"),
+    transport: str = typer.Option("tcp", help="the agents' transport (tcp, grpc): its chunks and CPU cost"),
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
 ) -> None:
-    """Predict an allreduce's time on a lab from the schedule the agents would run (no root)."""
+    """Predict an allreduce's time on a lab from the schedule the agents would run (no root),
+    and, once `testbed calibrate` has run, the CPU it needs of this machine."""
     from orchestrator.agent.plan import chunk_bytes
     from orchestrator.cost.report import parse_options, predict_lab, render
     from orchestrator.spec import lab_from_argument
@@ -476,17 +478,83 @@ def predict(
 
     if top < 0:
         raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
+    _check_transport("--transport", transport)
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
         partition_bytes=parsed("--partition-bytes", partition_bytes, parse_size),
-        credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0, chunk_bytes=chunk_bytes,
+        credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
+        chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
         efficiency=efficiency, latency=parsed("--latency", latency, parse_duration),
     )
+    cpu = _cpu_need(report.prediction, spec, transport)
     if as_json:
-        print(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
+        document = report.to_json()
+        if cpu is not None and not isinstance(cpu, str):
+            document["cpu"] = {"cores": cpu.cores, "available_cores": cpu.available, "fits": cpu.fits,
+                               "max_rate_bit_s": cpu.max_rate, "transport": transport}
+        print(json.dumps(document, indent=1, ensure_ascii=False))
     else:
         out.print(render(report, top), highlight=False, markup=False, soft_wrap=True)
+        if cpu is not None:
+            out.print(Text(cpu if isinstance(cpu, str) else calibrate_lib().describe(cpu)), highlight=False,
+                      soft_wrap=True)
+
+
+def _check_transport(flag: str, name: str) -> None:
+    from orchestrator.agent import transports
+
+    try:
+        transports.get(name)
+    except ValueError as exc:
+        raise BadUsage(f"{flag}: {exc}") from None
+
+
+def calibrate_lib():
+    from orchestrator.experiment import calibrate
+
+    return calibrate
+
+
+def _cpu_need(prediction, lab_spec, transport: str):
+    """This machine's CPU need of one allreduce (cost.cpu.CpuNeed), a line saying why not
+    known, or None when there is no prediction."""
+    if prediction is None:
+        return None
+    lib = calibrate_lib()
+    try:
+        calibration = lib.load()
+    except lib.NotCalibrated as exc:
+        return f"CPU: not known: {exc}"
+    from orchestrator.experiment.plan import topology_of
+
+    try:
+        return lib.need(prediction, topology_of(lab_spec), transport, calibration)
+    except KeyError as exc:
+        return f"CPU: not known: {exc.args[0]}"
+
+
+@app.command()
+def calibrate(
+    transports_: str = typer.Option("tcp,grpc", "--transports", help="agent transports to measure, comma-separated"),
+) -> None:
+    """Measure what an emulated byte costs this machine's CPU (kernel and agents) and keep it
+    for `predict` and `run` (root; a star,4 netns lab for ~1 minute; on a quiet machine)."""
+    import os
+
+    names = [t for t in transports_.split(",") if t]
+    for name in names:
+        _check_transport("--transports", name)
+    if not names:
+        raise BadUsage("--transports: name at least one, e.g. tcp")
+    if os.geteuid() != 0:
+        raise BadUsage("testbed calibrate needs root to build its lab (sudo)")
+    lib = calibrate_lib()
+    calibration = lib.measure(names, progress=lambda what: err.print(Text(f"calibrate: {what}"), highlight=False))
+    where = lib.save(calibration)
+    out.print(Text(f"kernel: {calibration.hop * 1e9:.3f} core-s per GB and link direction; " + "; ".join(
+        f"agents over {t}: {v * 1e9:.3f} core-s per GB sent beyond it" for t, v in calibration.agent.items())
+        + f"; {calibration.cores} cores. Kept in {where}"), highlight=False, soft_wrap=True)
 
 
 # -- deploy -----------------------------------------------------------------------------------
@@ -629,6 +697,8 @@ def run_experiment(
                                            "a new one: never overwritten; '..' only after existing directories"),
     keep: bool = typer.Option(False, "--keep", help="leave the labs, agents and Prometheus up for exploration"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, print the plan and the predictions; no root"),
+    strict: bool = typer.Option(False, "--strict", help="refuse a run this machine's CPU cannot carry faithfully "
+                                "(by `testbed calibrate`), instead of warning"),
 ) -> None:
     """Run an experiment: up → monitor → deploy → every sweep point and algorithm (with its
     fault timeline) → results directory → down. Ctrl-C tears down and keeps what was measured."""
@@ -641,9 +711,18 @@ def run_experiment(
     from orchestrator.emulation.capacity import host_limits
 
     plan = make_plan(spec, str(experiment), memory=host_limits().mem_available_mib << 20)
+    needs = _plan_needs(plan)
     if dry_run:
-        _print_plan(plan)
+        _print_plan(plan, needs)
         return
+    heavy = {} if isinstance(needs, str) else {point: cpu for point, cpu in needs.items() if not cpu.fits}
+    for point, cpu in heavy.items():
+        err.print(Text(f"warning: {point}: {calibrate_lib().describe(cpu)}"), highlight=False, soft_wrap=True)
+    if heavy and strict:
+        raise BadUsage(f"--strict: {len(heavy)} of {len(plan.points)} runs need more CPU than this machine has for a "
+                       "faithful figure: lower links.bandwidth (see the 'ok up to' rates) or drop --strict")
+    if strict and isinstance(needs, str):
+        raise BadUsage(f"--strict: {needs}")
     import os
 
     if os.geteuid() != 0:
@@ -651,6 +730,11 @@ def run_experiment(
     from orchestrator.experiment import results as results_lib
     from orchestrator.experiment.runner import run_experiment as run
 
+    if plan.auto_rate is not None:
+        from orchestrator.units import format_rate
+
+        err.print(Text(f"links.bandwidth: auto → {format_rate(plan.auto_rate)} (this machine's calibration)"),
+                  highlight=False, soft_wrap=True)
     directory = results_lib.new_directory(spec.name, out_dir)
     err.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s); results in {directory}",
               highlight=False)
@@ -709,20 +793,44 @@ def compare_command(
         out.print(f"wrote {written}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _print_plan(plan) -> None:
+def _plan_needs(plan):
+    """{point id: CpuNeed}, or a line saying why this machine's CPU need is not known."""
+    lib = calibrate_lib()
+    try:
+        return lib.plan_needs(plan)
+    except lib.NotCalibrated as exc:
+        return f"CPU: not known: {exc}"
+    except KeyError as exc:
+        return f"CPU: not known: {exc.args[0]}"
+
+
+def _print_plan(plan, needs=None) -> None:
     spec = plan.spec
     out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "
               f"iterations each ({spec.warmup} warm-up), workload {spec.agents.workload.kind}, agents via "
               f"{spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}", highlight=False, soft_wrap=True)
     table = Table()
-    for name in ("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults"):
+    known = isinstance(needs, dict)
+    for name in ("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults") + \
+            (("CPU cores: need/may", "ok up to") if known else ()):
         table.add_column(name, overflow="fold")
     for planned in plan.points:
         prediction = planned.prediction
-        table.add_row(*(Text(cell) for cell in (
-            planned.point.id, planned.point.lab.name, f"{len(planned.layout.workers)}+{len(planned.layout.servers)}",
-            f"{prediction.seconds:.4g}", f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))))
+        cpu = needs.get(planned.point.id) if known else None
+        cells = (planned.point.id, planned.point.lab.name, f"{len(planned.layout.workers)}+{len(planned.layout.servers)}",
+                 f"{prediction.seconds:.4g}", f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))
+        if known:
+            cells += (f"{cpu.cores:.2f}/{cpu.available:.2f}" + ("" if cpu.fits else " (too much)"),
+                      calibrate_lib().rate_floor(cpu.max_rate))
+        table.add_row(*(Text(cell) for cell in cells))
     _print_whole(table)
+    if plan.auto_rate is not None:
+        from orchestrator.units import format_rate
+
+        out.print(Text(f"links.bandwidth: auto → {format_rate(plan.auto_rate)}, the highest rate this machine's "
+                       "calibration says every point carries with its verdict ok"), highlight=False, soft_wrap=True)
+    if isinstance(needs, str):
+        out.print(Text(needs), highlight=False, soft_wrap=True)
     faults = {f.describe() for p in plan.points for f in p.faults}
     for line in sorted(faults):
         out.print(Text(f"fault: {line}"), highlight=False)

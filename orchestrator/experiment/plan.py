@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from orchestrator import topology as topology_lib
+from orchestrator import units
 from orchestrator.agent.plan import chunk_bytes
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
@@ -54,6 +55,7 @@ class Plan:
     spec: ExperimentSpec
     variants: list[LabVariant]
     points: list[PlannedPoint] = field(default_factory=list)
+    auto_rate: float | None = None  # what `links.bandwidth: auto` chose (bit/s)
 
     def of_variant(self, variant: LabVariant) -> list[PlannedPoint]:
         return [p for p in self.points if p.point.variant.index == variant.index]
@@ -151,4 +153,34 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
 def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None) -> Plan:
     """Every point planned and predicted; `memory`: bytes the agents may use on this host
     (MemAvailable; None skips that check, as a plan for another machine would)."""
-    return Plan(spec, variants(spec), [predict_point(spec, point, source, memory) for point in expand(spec)])
+    auto_rate = None
+    if spec.auto_bandwidth:
+        spec = _auto_bandwidth(spec, source, memory)
+        auto_rate = spec.lab.links.bandwidth
+    return Plan(spec, variants(spec), [predict_point(spec, point, source, memory) for point in expand(spec)], auto_rate)
+
+
+AUTO_RANGE = (1e6, 100e9)  # bit/s: the rates `auto` chooses among
+
+
+def _auto_bandwidth(spec: ExperimentSpec, source: str, memory: int | None) -> ExperimentSpec:
+    """The spec with `links.bandwidth: auto` replaced by the highest rate at which every
+    point's CPU need leaves the verdict's idle share free (two significant figures, rounded
+    down), from this machine's calibration (experiment/calibrate.py)."""
+    from orchestrator.experiment import calibrate
+
+    try:
+        calibration = calibrate.load()
+    except calibrate.NotCalibrated as exc:
+        raise SpecError(f"{source}: lab.links.bandwidth: auto needs this machine's calibration: {exc}") from None
+    transport = spec.agents.transport
+    rates = []
+    for point in expand(spec):
+        planned = predict_point(spec, point, source, memory)
+        try:
+            rates.append(calibrate.need(planned.prediction, topology_of(point.lab), transport, calibration).max_rate)
+        except KeyError as exc:
+            raise SpecError(f"{source}: lab.links.bandwidth: auto: {exc.args[0]}") from None
+    rate = units.parse_rate(calibrate.rate_floor(min(max(min(rates), AUTO_RANGE[0]), AUTO_RANGE[1])))
+    links = spec.lab.links.model_copy(update={"bandwidth": rate})
+    return spec.model_copy(update={"lab": spec.lab.model_copy(update={"links": links}), "auto_bandwidth": False})

@@ -218,6 +218,9 @@ class SweepSpec(_Strict):
 
 
 # -- the file -------------------------------------------------------------------------------------
+AUTO_PLACEHOLDER = "1Gbit"
+
+
 class ExperimentSpec(_Strict):
     name: Name
     description: str = Field("", max_length=2000)
@@ -231,6 +234,20 @@ class ExperimentSpec(_Strict):
     timeout: Annotated[float, BeforeValidator(units.parse_duration)] = Field(
         600.0, gt=0, description="per run of one algorithm, e.g. 600s")
     sweep: SweepSpec = SweepSpec()
+    # `lab.links.bandwidth: auto`: the highest rate this machine carries faithfully, chosen at
+    # plan time from its calibration (experiment/plan.py); the lab holds AUTO_PLACEHOLDER till then
+    auto_bandwidth: bool = Field(False, exclude=True, json_schema_extra={"hidden": True})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_bandwidth(cls, data: Any) -> Any:
+        links = data.get("lab", {}).get("links") if isinstance(data, dict) and isinstance(data.get("lab"), dict) else None
+        if isinstance(links, dict) and links.get("bandwidth") == "auto":
+            if data.get("sweep", {}).get("link_rates") if isinstance(data.get("sweep"), dict) else False:
+                raise ValueError("lab.links.bandwidth: auto picks one rate; sweep.link_rates names several: keep one")
+            data = {**data, "lab": {**data["lab"], "links": {**links, "bandwidth": AUTO_PLACEHOLDER}},
+                    "auto_bandwidth": True}
+        return data
 
     @model_validator(mode="after")
     def _fits_together(self) -> "ExperimentSpec":

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 
+from orchestrator.agent import transports
 from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
 from orchestrator.runner import driver, lab_agents, workloads
 
 ELEMENTS = 250_000  # 1 MB
+PORT = transports.data_port(transports.DEFAULT, lab_agents.DATA_PORT)  # where the run's data connections go
 ITERATIONS = 2
 
 
@@ -48,7 +50,7 @@ def test_a_mesh_is_predicted_over_the_paths_its_connections_took(make_lab):
             answer = subprocess.run(
                 ["ip", "-j", "-n", lab.plan.namespaces[path[1]], "route", "get", str(address), "from",
                  str(topology.address_of(src)), "iif", "br0", "ipproto", "tcp", "sport", str(sport), "dport",
-                 str(lab_agents.DATA_PORT)], capture_output=True, text=True, check=True)
+                 str(PORT)], capture_output=True, text=True, check=True)
             assert topology.owner(json.loads(answer.stdout)[0]["gateway"]).node == path[2]
             checked += 1
         assert checked == 30
@@ -89,4 +91,4 @@ def _connections(lab, server: str):
     from orchestrator.emulation import kernel
 
     space = lab.plan.namespaces[server]
-    return kernel.in_namespaces([space], lambda _: kernel.tcp_connections(lab_agents.DATA_PORT))[space]
+    return kernel.in_namespaces([space], lambda _: kernel.tcp_connections(PORT))[space]

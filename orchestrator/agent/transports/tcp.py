@@ -46,6 +46,7 @@ PORT_OFFSET = 1  # listening on each data address's port + 1 (gRPC Data keeps th
 MAX_RUN_ID = 64
 MAX_REASON = 4096
 STAGE_BYTES = 32 * 2**20
+OPEN_WAIT = 10.0  # seconds a first write waits for its connection (as gRPC's channel would)
 # A dead path (a cut link, a frozen peer) ends the connection as gRPC's keepalive does
 # (agent/transports/grpc_push.py): data unacknowledged for 10 s, or an idle connection whose
 # probes go unanswered for 2 + 5 × 2 s.
@@ -177,8 +178,13 @@ class _Connection:
         self.acks.clear()
 
     async def write(self, parts: list) -> None:
+        if self.sock is None and not self.error:  # still connecting (a peer slow to listen)
+            try:
+                await self.open(OPEN_WAIT)
+            except asyncio.TimeoutError:
+                pass
         if self.sock is None:
-            raise ConnectionError(self.error or f"not connected to {self.target}")
+            raise ConnectionError(self.error or f"not connected to {self.target} after {OPEN_WAIT:g} s")
         await asyncio.get_running_loop().run_in_executor(self.writer, _send_all, self.sock, parts)
 
     def close(self) -> None:
@@ -382,7 +388,7 @@ class _Reader:
             if earlier is not None and earlier.done():
                 earlier.result()  # a staged chunk the engine refused: say so
                 earlier = None
-            if earlier is None and self._call(engine.admit(head)):
+            if earlier is None and self._admitted(engine, head):
                 view = engine.buffer[offset : offset + count]
                 if copy:
                     _recv_into(self.sock, memoryview(view).cast("B"))
@@ -391,7 +397,7 @@ class _Reader:
                     _recv_into(self.sock, memoryview(part).cast("B"))
                     with engine.apply_lock:
                         np.add(view, part, out=view)
-                asyncio.run_coroutine_threadsafe(engine.landed(head, peer), self.loop)
+                self.loop.call_soon_threadsafe(engine.landed, head, peer)
                 continue
             # not yet: staged, and applied by the event loop once it may
             payload = bytearray(count * itemsize)
@@ -401,6 +407,11 @@ class _Reader:
             self.staged[transfer] = future
             self.staged_bytes.append((future, len(payload)))
             self._bound_staging()
+
+    def _admitted(self, engine, head: pb.Chunk) -> bool:
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(engine.admit_soon, head, answer)
+        return answer.result()
 
     def _bound_staging(self) -> None:
         self.staged_bytes = [(f, n) for f, n in self.staged_bytes if not f.done()]

@@ -1,0 +1,32 @@
+"""`testbed calibrate` for real: a star,4 netns lab, iperf3 and the agents' ring measured,
+the result kept where `predict` reads it (this test's own state directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _testbed(*args: str, state) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=os.environ | {"TESTBED_STATE": str(state)}, timeout=600)
+
+
+def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_needs(tmp_path):
+    done = _testbed("calibrate", "--transports", "tcp,grpc", state=tmp_path)
+    assert done.returncode == 0, done.stderr
+    kept = json.loads((tmp_path / "calibration.json").read_text())
+    assert kept["cores"] == os.cpu_count()
+    assert 0 < kept["hop_core_s_per_gb"] < 100
+    agent = kept["agent_core_s_per_gb"]
+    assert set(agent) == {"tcp", "grpc"} and all(0 <= v < 100 for v in agent.values())
+    predicted = _testbed("predict", "star,8", "-a", "ring", "--bandwidth", "100Mbit", "--json", state=tmp_path)
+    assert predicted.returncode == 0, predicted.stderr
+    cpu = json.loads(predicted.stdout)["cpu"]
+    assert cpu["available_cores"] == os.cpu_count() * 0.8 and cpu["cores"] > 0
+    faster = json.loads(_testbed("predict", "star,8", "-a", "ring", "--bandwidth", "1Gbit", "--json",
+                                 state=tmp_path).stdout)["cpu"]
+    assert faster["cores"] > 5 * cpu["cores"]
+    assert abs(faster["max_rate_bit_s"] / cpu["max_rate_bit_s"] - 1) < 0.05
