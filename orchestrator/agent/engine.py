@@ -116,6 +116,9 @@ class Engine:
         # outside the event loop, and two of them may add into one range in one step (a PS)
         self.apply_lock = threading.Lock()
         self.inbound: set = set()  # a transport's incoming sockets of this run (closed with it)
+        # held by the loop while it changes the ranges (and the iteration), and by a reading
+        # thread while it checks whether a chunk may land (`admit_now`): no hop per chunk
+        self.state_lock = threading.Lock()
         self.closed = False
         self.sent = 0
         self.received = 0
@@ -154,15 +157,16 @@ class Engine:
     async def _accept_chunk(self, head: pb.Chunk, payload: memoryview) -> None:
         await self._until(lambda: self._ready_for(head))
         state = self.states[head.partition]
-        left = state.receiving.pop((head.step, head.src, head.offset))
-        if head.offset + head.count > left.hi:
-            raise ValueError(f"chunk [{head.offset}, +{head.count}) from rank {head.src} overruns its transfer")
-        self._apply(head, payload)
-        left.lo += head.count
-        if left.lo < left.hi:
-            if (left.step, left.peer, left.lo) in state.receiving:
-                raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
-            state.receiving[(left.step, left.peer, left.lo)] = left
+        with self.state_lock:  # the range is due until applied: a reading thread must not see it gone
+            left = state.receiving.pop((head.step, head.src, head.offset))
+            if head.offset + head.count > left.hi:
+                raise ValueError(f"chunk [{head.offset}, +{head.count}) from rank {head.src} overruns its transfer")
+            self._apply(head, payload)
+            left.lo += head.count
+            if left.lo < left.hi:
+                if (left.step, left.peer, left.lo) in state.receiving:
+                    raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
+                state.receiving[(left.step, left.peer, left.lo)] = left
         await self._progressed()
 
     def _ready_for(self, chunk: pb.Chunk) -> bool:
@@ -207,6 +211,17 @@ class Engine:
         else:
             self.waiters.append((entered, then, None))
 
+    def admit_now(self, head: pb.Chunk) -> bool:
+        """`admit_soon`'s answer when it is a plain yes, checked on the reading thread itself
+        (most chunks: no round trip through the loop); False means "ask admit_soon"."""
+        with self.state_lock:
+            if self.closed or head.iteration != self.iteration:
+                return False
+            try:
+                return self._admissible(head)
+            except Exception:  # noqa: BLE001 - admit_soon raises it, with the loop's view
+                return False
+
     def _admissible(self, head: pb.Chunk) -> bool:
         if not self._ready_for(head):
             return False
@@ -218,10 +233,11 @@ class Engine:
     def landed(self, head: pb.Chunk, peer: str) -> None:
         """An admitted chunk has been applied (called on the loop, in the order chunks came)."""
         state = self.states[head.partition]
-        left = state.receiving.pop((head.step, head.src, head.offset))
-        left.lo += head.count
-        if left.lo < left.hi:
-            state.receiving[(left.step, left.peer, left.lo)] = left
+        with self.state_lock:
+            left = state.receiving.pop((head.step, head.src, head.offset))
+            left.lo += head.count
+            if left.lo < left.hi:
+                state.receiving[(left.step, left.peer, left.lo)] = left
         size = head.count * self.buffer.itemsize
         self.received += size
         self.counters(peer, 0, size)
@@ -326,9 +342,10 @@ class Engine:
                     except Exception as exc:  # the stream ended early
                         reason = await stream.reason(exc)
                         raise RuntimeError(f"sending to rank {send.dst} ({self._node(send.dst)}): {reason}") from exc
-                    left.lo = start + count
-                    if left.lo >= left.hi:
-                        del state.sending[key]
+                    with self.state_lock:
+                        left.lo = start + count
+                        if left.lo >= left.hi:
+                            del state.sending[key]
                     await self._progressed()
         finally:
             self.pacer.end(target, (partition, key))
@@ -375,10 +392,9 @@ class Engine:
     # -- one allreduce --------------------------------------------------------------------
     async def allreduce(self, iteration: int) -> None:
         if True:  # (one block: nothing awaits inside it)
-            self.iteration = iteration
-            self.states = {p.index: _PartitionState() for p in self.plans}
+            states = {p.index: _PartitionState() for p in self.plans}
             for plan in self.plans:
-                state = self.states[plan.index]
+                state = states[plan.index]
                 for step in plan.steps:
                     for r in step.recvs:
                         if r.count:
@@ -388,6 +404,8 @@ class Engine:
                     for i, x in enumerate(step.sends):
                         if x.count:
                             state.sending[(step.step, i)] = _Range(step.step, x.dst, x.offset, x.offset + x.count)
+            with self.state_lock:
+                self.iteration, self.states = iteration, states
             self._recheck()
         self.progressed_at = time.monotonic()
         credit = asyncio.Condition()

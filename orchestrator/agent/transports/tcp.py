@@ -409,6 +409,8 @@ class _Reader:
             self._bound_staging()
 
     def _admitted(self, engine, head: pb.Chunk) -> bool:
+        if engine.admit_now(head):
+            return True
         answer: concurrent.futures.Future = concurrent.futures.Future()
         self.loop.call_soon_threadsafe(engine.admit_soon, head, answer)
         return answer.result()
