@@ -25,6 +25,11 @@
    agent; shows how much of the 8-server figure the machine's core count takes.
 5. with --algorithms mesh,ps,...: those algorithms on the same star at both rates, for their
    busbw (same formula) and memory (ps: shards colocated on the servers).
+Every ring case runs once per agent transport (`--transports tcp,grpc`) on the same lab
+against the same iperf3 baseline, and gives the agents' CPU per byte (busy core-seconds from
+/proc/stat over the whole back-to-back run ÷ bytes the agents sent) against iperf3's (÷ bytes
+delivered). With torch installed, PyTorch's gloo allreduce runs on the same lab too
+(bench/gloo_allreduce.py) and each unpipelined ring prints its ratio to gloo's busbw.
 Agents run in bare namespaces (netns runtime) from this venv. Prints a table and JSON.
 """
 
@@ -118,12 +123,40 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
                              **{"servers.runtime": "netns", "links.bandwidth": rate, "links.mtu": mtu})
     with Lab.up(spec) as lab:
         baseline = iperf3_ring(lab, servers)
+        gloo = gloo_ring(lab, servers, mbytes, iterations) if algorithm == "ring" and not partition_mbytes else None
         endpoints = lab_agents.start(lab)
         try:
-            return [_ring_over(endpoints, lab, baseline, transport, servers, mbytes, iterations, rate, partition_mbytes,
-                               algorithm, mtu) for transport in transports]
+            rings = [_ring_over(endpoints, lab, baseline, transport, servers, mbytes, iterations, rate, partition_mbytes,
+                                algorithm, mtu) for transport in transports]
         finally:
             lab_agents.stop(endpoints)
+    for ring in rings:
+        if gloo:
+            ring["gloo_ratio_to_link"] = gloo["ratio_to_link"]
+            ring["ratio_to_gloo"] = round(ring["ratio_to_link"] / gloo["ratio_to_link"], 3)
+    return rings
+
+
+def gloo_ring(lab, servers: int, mbytes: int, iterations: int) -> dict | None:
+    """PyTorch's gloo allreduce on the same lab, one process per server bound to its fabric
+    NIC (bench/gloo_allreduce.py): NCCL-tests' busbw of the mean time per operation. None
+    (and a line saying so) when torch is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("gloo      skipped: torch is not installed in this venv (pip install torch, CPU build)", flush=True)
+        return None
+    names = [s.name for s in lab.topology.servers]
+    master = str(lab.topology.address_of(names[0]))
+    elements = mbytes * 2**20 // 4
+    script = str(Path(__file__).resolve().parent / "gloo_allreduce.py")
+    procs = [lab.popen(n, ["env", f"GLOO_SOCKET_IFNAME={lab.topology.nodes[n].data_nics()[0].name}", sys.executable,
+                           script, str(i), str(servers), master, str(elements), str(iterations)],
+                       stdout=-1, stderr=-1, text=True) for i, n in enumerate(names)]
+    times = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1])["seconds_per_op"] for p in procs]
+    mean = statistics.fmean(times)
+    busbw = elements * 4 * 8 / mean * 2 * (servers - 1) / servers
+    return {"time_s": round(mean, 4), "ratio_to_link": round(busbw / lab.spec.links.bandwidth, 3)}
 
 
 def _ring_over(endpoints, lab, baseline: dict, transport: str, servers: int, mbytes: int, iterations: int, rate: str,
@@ -195,7 +228,9 @@ def main() -> None:
               f"({ring['ratio_to_link_slowest_agent']} by the slowest agent); training run {ring['training_ratio_to_link']} "
               f"by GST; agents at {ring['agents_cpu_busy']:.0%} CPU, {ring['agents_cpu_s_per_gb']} core-s/GB = "
               f"{ring['cpu_per_byte_to_iperf3']} x iperf3's ({ring['iperf3_ring_mbit_per_flow']} Mbit/s per flow at "
-              f"{ring['iperf3_ring_cpu_busy']:.0%} CPU); RSS beyond buffer {ring['rss_beyond_buffer_mib']} MiB")
+              f"{ring['iperf3_ring_cpu_busy']:.0%} CPU); RSS beyond buffer {ring['rss_beyond_buffer_mib']} MiB"
+              + (f"; gloo {ring['gloo_ratio_to_link']} of the link, ours / gloo {ring['ratio_to_gloo']}"
+                 if "ratio_to_gloo" in ring else ""))
     smaller = [n for n in (2, 4) if n < args.servers] if args.scaling else []
     scaling = [r for n in smaller for r in ring_busbw(n, args.mbytes, args.iterations, "1Gbit", transports=chosen)]
     for ring in scaling:

@@ -1,22 +1,23 @@
-"""Executing one rank's plan over gRPC: streamed transfers into and out of one buffer.
+"""Executing one rank's plan: streamed transfers into and out of one buffer, over a transport.
 
-Transfers stream chunks of their range through `Data.Push` calls: one call per partition,
-peer and NIC for a whole iteration, carrying that partition's transfers to that peer step
-after step (a call costs the agent far more than a chunk, and partitions would otherwise
-multiply the calls). The receiver adds (or copies) each chunk straight into its buffer as
-it arrives — no staging copy of the model.
+Transfers stream chunks of their range through a transport's streams (agent/transports: tcp
+by default, or gRPC Data.Push calls): one stream per partition, peer and NIC for a whole
+iteration, carrying that partition's transfers to that peer step after step. The receiver
+adds (or copies) each chunk straight into its buffer as it arrives — no staging copy of the
+model (the tcp transport's reading threads do so outside the event loop, asking `admit_now`
+/ `admit_soon` first and reporting `landed` after).
 
 Ordering is per range, chunk by chunk, as NCCL pipelines a ring by slices: a chunk of a
 step-s send is written once every receive of an earlier step into its range has been
 applied, and a received chunk of step s is applied once every earlier step's receive into,
 and send out of, its range is done (until then the sender's stream waits, held back by
-HTTP/2 flow control). That is exactly the schedule's semantics (sends of step s read the
+HTTP/2 flow control, or by the tcp transport's reader, which stages such a chunk). That is exactly the schedule's semantics (sends of step s read the
 buffer after all receives of steps < s), with no barrier between steps: a ring forwards a
 chunk as soon as it is reduced instead of after the whole step's range (8 servers at 1
 Gbit: ~2 ms saved per step; busbw by collective time 0.91-0.92 -> 0.94-0.95). A rank
 writes its sends step after step, and each stream carries its partition's steps in order,
-so a stream's head never waits on anything behind it. The calls' Acks are collected when
-the allreduce ends.
+so a stream's head never waits on anything behind it. The receivers' acknowledgements are
+collected when the allreduce ends.
 
 Partitions start in priority order, with at most `credit_bytes` of them in flight. In a
 lab each connection is paced at its fair share of the link (pacing.py), and every rank

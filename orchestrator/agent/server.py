@@ -1,5 +1,6 @@
 """`testbed-agent`: one process per server, a gRPC Control service on the management address
-and a gRPC Data service on the data-plane addresses.
+and the data plane on the data-plane addresses: a gRPC Data service on each address's port
+and the tcp transport's listener on the next port (agent/transports).
 
     TESTBED_AGENT_TOKEN=… testbed-agent --node h00 --control 198.18.0.2:7000 \
                   --data 10.0.0.1:7001,10.1.0.1:7001 --metrics 198.18.0.2:9100

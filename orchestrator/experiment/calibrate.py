@@ -155,8 +155,8 @@ def rate_floor(bits_per_second: float) -> str:
 
 def plan_needs(plan) -> dict:
     """{point id: CpuNeed} of an experiment plan on this machine (NotCalibrated if unknown)."""
-    from orchestrator.experiment.plan import topology_of
+    from orchestrator import topology
 
     calibration = load()
     transport = plan.spec.agents.transport
-    return {p.point.id: need(p.prediction, topology_of(p.point.lab), transport, calibration) for p in plan.points}
+    return {p.point.id: need(p.prediction, topology.from_lab(p.point.lab), transport, calibration) for p in plan.points}
