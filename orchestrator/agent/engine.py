@@ -104,8 +104,9 @@ class Engine:
         self.chunk_elements = max(1, chunk_bytes // buffer.itemsize)
         self.credit_bytes = credit_bytes
         self.counters = counters  # callable(peer_node, sent_bytes, received_bytes, nic=-1)
-        self.transport = transports.get(transport).name
-        self.sender = transports.get(transport).sender(run_id, rank, window_bytes)
+        chosen = transports.get(transport)
+        self.transport = chosen.name
+        self.sender = chosen.sender(run_id, rank, window_bytes)
         self.pacer = Pacer(link_rate)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
@@ -159,16 +160,26 @@ class Engine:
         await self._until(lambda: self._ready_for(head))
         state = self.states[head.partition]
         with self.state_lock:  # the range is due until applied: a reading thread must not see it gone
-            left = state.receiving.pop((head.step, head.src, head.offset))
+            left = state.receiving[(head.step, head.src, head.offset)]
             if head.offset + head.count > left.hi:
                 raise ValueError(f"chunk [{head.offset}, +{head.count}) from rank {head.src} overruns its transfer")
             self._apply(head, payload)
-            left.lo += head.count
-            if left.lo < left.hi:
-                if (left.step, left.peer, left.lo) in state.receiving:
-                    raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
-                state.receiving[(left.step, left.peer, left.lo)] = left
+            self._advance(state, head)
         await self._progressed()
+
+    def _advance(self, state: _PartitionState, head: pb.Chunk) -> None:
+        """The receive `head` belongs to has `head.count` elements more (caller holds state_lock)."""
+        left = state.receiving.pop((head.step, head.src, head.offset))
+        left.lo += head.count
+        if left.lo < left.hi:
+            if (left.step, left.peer, left.lo) in state.receiving:
+                raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
+            state.receiving[(left.step, left.peer, left.lo)] = left
+
+    def _count_received(self, head: pb.Chunk, peer: str) -> None:
+        size = head.count * self.buffer.itemsize
+        self.received += size
+        self.counters(peer, 0, size)
 
     def _ready_for(self, chunk: pb.Chunk) -> bool:
         if self.closed:
@@ -233,15 +244,9 @@ class Engine:
 
     def landed(self, head: pb.Chunk, peer: str) -> None:
         """An admitted chunk has been applied (called on the loop, in the order chunks came)."""
-        state = self.states[head.partition]
         with self.state_lock:
-            left = state.receiving.pop((head.step, head.src, head.offset))
-            left.lo += head.count
-            if left.lo < left.hi:
-                state.receiving[(left.step, left.peer, left.lo)] = left
-        size = head.count * self.buffer.itemsize
-        self.received += size
-        self.counters(peer, 0, size)
+            self._advance(self.states[head.partition], head)
+        self._count_received(head, peer)
         self._wake()
 
     async def accept_staged(self, head: pb.Chunk, payload: memoryview, peer: str, after=None) -> None:
@@ -250,9 +255,7 @@ class Engine:
         if after is not None:
             await asyncio.wrap_future(after)
         await self._accept_chunk(head, payload)
-        size = head.count * self.buffer.itemsize
-        self.received += size
-        self.counters(peer, 0, size)
+        self._count_received(head, peer)
 
     def node_of(self, rank: int) -> str:
         return self._node(rank)

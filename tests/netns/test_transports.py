@@ -44,7 +44,7 @@ def bigraph():
     yield from _lab("bigraph,4,2", "tr-bigraph")
 
 
-def _options(algorithm: str, workers: int) -> dict:
+def _options(algorithm: str) -> dict:
     if algorithm == "hierarchical":
         return {"group": 3}
     if algorithm == "ps":
@@ -55,10 +55,10 @@ def _options(algorithm: str, workers: int) -> dict:
 def _run(lab, endpoints, algorithm: str, transport: str):
     workers = 8 if algorithm == "hdrm" else WORKERS.get(algorithm, 6)
     nodes = tuple(e.node for e in endpoints)
-    ctx = Context(workers, lab.topology, nodes[:workers], options=_options(algorithm, workers))
+    ctx = Context(workers, lab.topology, nodes[:workers], options=_options(algorithm))
     ranks = registry.builder(algorithm)(ctx, 10).ranks
     eps = [replace(e, rank=i, role="worker" if i < workers else "ps") for i, e in enumerate(endpoints[:ranks])]
-    ctx = Context(workers, lab.topology, tuple(e.node for e in eps), options=_options(algorithm, workers))
+    ctx = Context(workers, lab.topology, tuple(e.node for e in eps), options=_options(algorithm))
     result = driver.run(eps, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=2, ctx=ctx,
                         network=Network.from_links(lab.spec.links), transport=transport,
                         flow_paths=lab_agents.flow_paths(lab, transport))
