@@ -54,6 +54,7 @@ class _Range:
     lo: int
     hi: int
     start: int = -1  # where the transfer began (lo at first); -1: lo's first value
+    first: float = 0.0  # a traced run's: when its first chunk landed (Unix time; 0: none yet)
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -95,6 +96,7 @@ class Engine:
         window_bytes: int = 0,
         link_rate: float = 0.0,
         transport: str = "",
+        trace: bool = False,
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -124,6 +126,8 @@ class Engine:
         self.closed = False
         self.sent = 0
         self.received = 0
+        # a traced run's transfers as they end (appended by the loop and by reading threads)
+        self.spans: list[pb.TransferSpan] | None = [] if trace else None
         # monotonic time this rank last moved data inside an allreduce (None outside one):
         # the driver's stall detection reads it through Status
         self.progressed_at: float | None = None
@@ -171,10 +175,21 @@ class Engine:
         """The receive `head` belongs to has `head.count` elements more (caller holds state_lock)."""
         left = state.receiving.pop((head.step, head.src, head.offset))
         left.lo += head.count
+        if self.spans is not None:
+            self._trace_receive(left, head)
         if left.lo < left.hi:
             if (left.step, left.peer, left.lo) in state.receiving:
                 raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
             state.receiving[(left.step, left.peer, left.lo)] = left
+
+    def _trace_receive(self, left: _Range, head: pb.Chunk) -> None:
+        now = time.time()
+        if not left.first:
+            left.first = now
+        if left.lo >= left.hi:
+            self.spans.append(pb.TransferSpan(
+                iteration=head.iteration, partition=head.partition, step=left.step, peer=left.peer, send=False,
+                offset=left.start, count=left.hi - left.start, begun=left.first, first=left.first, last=now))
 
     def _count_received(self, head: pb.Chunk, peer: str) -> None:
         size = head.count * self.buffer.itemsize
@@ -332,6 +347,7 @@ class Engine:
             # its socket exists once connected (`connect` waited already; this is a reconnect)
             await self.sender.ready(target, RECONNECT_WAIT)
         self.pacer.begin(target, (partition, key), send.share)
+        begun, first = time.time(), 0.0
         try:
             async with lock:  # two sends of one step to one peer address share the call
                 for start in range(send.offset, send.offset + send.count, self.chunk_elements):
@@ -346,6 +362,7 @@ class Engine:
                     except Exception as exc:  # the stream ended early
                         reason = await stream.reason(exc)
                         raise RuntimeError(f"sending to rank {send.dst} ({self._node(send.dst)}): {reason}") from exc
+                    first = first or time.time()
                     with self.state_lock:
                         left.lo = start + count
                         if left.lo >= left.hi:
@@ -353,6 +370,10 @@ class Engine:
                     await self._progressed()
         finally:
             self.pacer.end(target, (partition, key))
+        if self.spans is not None:
+            self.spans.append(pb.TransferSpan(
+                iteration=self.iteration, partition=partition, step=step, peer=send.dst, send=True,
+                offset=send.offset, count=send.count, begun=begun, first=first, last=time.time()))
         size = send.count * self.buffer.itemsize
         self.sent += size
         self.counters(self._node(send.dst), size, 0, send.nic)

@@ -106,7 +106,7 @@ class Agent:
         self.engine = Engine(
             config.run_id, config.rank, plans, buffer, peers,
             config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
-            self.window_bytes, plan_format.link_rate(config.plan_json), config.transport,
+            self.window_bytes, plan_format.link_rate(config.plan_json), config.transport, config.trace,
         )
         # connected before Start: the orchestrator may read the connections' paths in between
         await self.engine.connect()
@@ -270,6 +270,7 @@ class Agent:
             node=self.node, records=self.records, error=self.error,
             peak_rss_mib=usage, buffer_mib=self.buffer_bytes / 2**20,
             state=self.model.state() if self.model is not None else b"",
+            transfers=(self.engine.spans or []) if self.engine is not None else [],
         )
 
 

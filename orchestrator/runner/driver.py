@@ -157,6 +157,16 @@ class RunResult:
             raise ValueError(f"a back-to-back time needs more than the {warmup} warm-up iteration(s)")
         return times
 
+    def transfers(self) -> list[dict]:
+        """A traced run's transfers (run(trace=True)), as each rank saw them: one row per send
+        and per receive and iteration, times in Unix seconds (RunResults.transfers)."""
+        return [
+            {"rank": r.rank, "node": r.node, "iteration": t.iteration, "partition": t.partition, "step": t.step,
+             "peer": t.peer, "kind": "send" if t.send else "receive", "offset": t.offset, "count": t.count,
+             "begun": t.begun, "first": t.first, "last": t.last}
+            for r in self.results for t in r.transfers
+        ]
+
     def records(self) -> list[dict]:
         return [
             {"rank": r.rank, "node": r.node, "iteration": rec.iteration, "gst_s": rec.gst_seconds,
@@ -225,6 +235,7 @@ def run(
     survive: bool = False,
     rejoin: Callable[[set[str]], list[Endpoint]] | None = None,
     transport: str = transports.DEFAULT,
+    trace: bool = False,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -257,7 +268,8 @@ def run(
     nothing to drop) or the algorithm cannot lose the dead.
 
     `transport`: how the agents move chunks (agent/transports: tcp by default, or grpc);
-    `flow_paths` must then read the connections to that transport's port.
+    `flow_paths` must then read the connections to that transport's port. `trace`: every
+    agent records each transfer's times (`RunResult.transfers`), to hold beside the model's.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -267,7 +279,7 @@ def run(
     except ValueError as exc:
         raise RunError(str(exc)) from None
     how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
-               flow_paths, transport)
+               flow_paths, transport, trace)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -289,6 +301,7 @@ class _How:
     link_state: Callable[[str, str], bool | None] | None
     flow_paths: Callable[[], dict] | None
     transport: str = transports.DEFAULT
+    trace: bool = False
 
 
 @dataclass
@@ -343,7 +356,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
                     workload_json=json.dumps(spec), chunk_bytes=chunk_bytes, credit_bytes=credit_bytes,
                     workers=len(workers), first_iteration=span.first, members=span.members,
                     identity=span.identities.get(endpoint.node, endpoint.rank), state=span.state,
-                    transport=how.transport,
+                    transport=how.transport, trace=how.trace,
                 ),
                 timeout=60,
             )

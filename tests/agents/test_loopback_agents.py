@@ -161,3 +161,29 @@ def test_reported_peak_memory_is_the_agents_own_not_its_launchers():
     for agent in result.results:
         assert 20 < agent.peak_rss_mib < 200, agent.peak_rss_mib
         assert agent.buffer_mib == pytest.approx(tensors[0] * 4 / 2**20)
+
+
+@pytest.mark.parametrize("transport", transports.names())
+def test_a_traced_run_records_every_transfer_at_both_ends(agents, transport):
+    # the trace is what the model's flows are held against: every send of the schedule has
+    # its receive, with the same range, and times in order
+    workers, elements = 4, 300_000
+    eps = [replace(e, rank=i, role="worker") for i, e in enumerate(agents[:workers])]
+    ctx = Context(workers)
+    result = driver.run(eps, "halving-doubling", [elements], workloads.back_to_back([elements]), iterations=2,
+                        ctx=ctx, transport=transport, trace=True)
+    rows = result.transfers()
+    schedule = registry.builder("halving-doubling")(ctx, elements)
+    expected = {(it, step, t.src, t.dst, t.offset, t.length) for it in range(2)
+                for step, t in schedule.transfers() if t.length}
+    sends = {(r["iteration"], r["step"], r["rank"], r["peer"], r["offset"], r["count"]) for r in rows if r["kind"] == "send"}
+    receives = {(r["iteration"], r["step"], r["peer"], r["rank"], r["offset"], r["count"])
+                for r in rows if r["kind"] == "receive"}
+    assert sends == expected and receives == expected
+    assert all(r["begun"] <= r["first"] <= r["last"] for r in rows)
+    # a chunk lands after its send began (the sender notes a write once it returns: maybe later)
+    began = {(r["iteration"], r["step"], r["rank"], r["peer"], r["offset"]): r["begun"] for r in rows if r["kind"] == "send"}
+    assert all(r["first"] >= began[(r["iteration"], r["step"], r["peer"], r["rank"], r["offset"])]
+               for r in rows if r["kind"] == "receive")
+    untraced = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]), iterations=1, transport=transport)
+    assert untraced.transfers() == []
