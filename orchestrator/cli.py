@@ -486,6 +486,7 @@ def predict(
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
         efficiency=efficiency, latency=parsed("--latency", latency, parse_duration),
+        send_buffer_bytes=transports_lib().get(transport).send_buffer,
     )
     cpu = _cpu_need(report.prediction, spec, transport)
     if as_json:
@@ -508,6 +509,12 @@ def _check_transport(flag: str, name: str) -> None:
         transports.get(name)
     except ValueError as exc:
         raise BadUsage(f"{flag}: {exc}") from None
+
+
+def transports_lib():
+    from orchestrator.agent import transports
+
+    return transports
 
 
 def calibrate_lib():
@@ -818,7 +825,7 @@ def _print_plan(plan, needs=None) -> None:
         prediction = planned.prediction
         cpu = needs.get(planned.point.id) if known else None
         cells = (planned.point.id, planned.point.lab.name, f"{len(planned.layout.workers)}+{len(planned.layout.servers)}",
-                 f"{prediction.seconds:.4g}", f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))
+                 f"{prediction.per_run:.4g}", f"{prediction.busbw * 8 / 1e6:.4g}", str(len(planned.faults)))
         if known:
             cells += (f"{cpu.cores:.2f}/{cpu.available:.2f}" + ("" if cpu.fits else " (too much)"),
                       calibrate_lib().rate_floor(cpu.max_rate))

@@ -89,5 +89,5 @@ def cpu_need(prediction: Prediction, calibration: Calibration, transport: str, s
     hops = sum(load.bytes for load in prediction.links)
     sent = sum(load.bytes for load in prediction.links if load.link.split("→", 1)[0] in servers)
     work = hops * calibration.hop + sent * calibration.agent[transport]
-    cores = work / prediction.seconds if prediction.seconds > 0 else 0.0
+    cores = work / prediction.per_run if prediction.per_run > 0 else 0.0
     return CpuNeed(cores, calibration.cores * (1 - min_idle), prediction.network.bandwidth, transport)

@@ -16,7 +16,7 @@ from orchestrator.collectives.partition import check_gradient_bytes
 from orchestrator.cost.closed_forms import Form, closed_form
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules, build_schedules, predict_schedules
-from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES
+from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, DEFAULT_SEND_BUFFER_BYTES
 from orchestrator.errors import BadUsage
 
 
@@ -75,6 +75,7 @@ def predict_lab(
     chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
     efficiency: float | None = None,
     latency: float = 0.0,
+    send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
 ) -> Report:
     """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run."""
     if algorithm not in registry.ALGORITHMS:
@@ -94,7 +95,8 @@ def predict_lab(
         whole, _ = build_schedules(topology, algorithm, size_bytes, workers, options) if partition_bytes else (schedules, nodes)
         if callable(chunk_bytes):
             chunk_bytes = chunk_bytes(schedules, credit_bytes)
-        prediction = predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes)
+        prediction = predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes,
+                                       send_buffer_bytes=send_buffer_bytes)
     except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers
         raise BadUsage(f"{algorithm} on {lab.name}: {exc}") from None
     form = closed_form(whole[0][1], topology) if whole else None
@@ -127,7 +129,9 @@ def render(report: Report, top: int = 8) -> str:
         f"links {_rate(network.bandwidth / 8)} × efficiency {network.efficiency:.4f} = {_rate(network.payload_rate)} "
         f"payload; α {network.latency * 1e6:g} µs, delay {network.delay * 1e6:g} µs per link; "
         f"messages of {_size(report.chunk_bytes)}",
-        f"time per allreduce  {p.seconds:.6g} s  ({p.seconds * network.payload_rate / p.size_bytes:.4f} S/B)",
+        f"time per allreduce  {p.seconds:.6g} s  ({p.seconds * network.payload_rate / p.size_bytes:.4f} S/B)"
+        + ("" if p.back_to_back is None else
+           f"; back to back {p.back_to_back:.6g} s ({p.back_to_back * network.payload_rate / p.size_bytes:.4f} S/B)"),
         f"algbw {_rate(p.algbw)}   busbw {_rate(p.busbw)}",
     ]
     if report.form is None:

@@ -1,33 +1,42 @@
 """A flow-level, event-driven simulation of the schedules the agents run.
 
-What it honours, as agent/engine.py does:
+What it honours, as agent/engine.py and the kernel's sockets do:
 - per-range order, chunk by chunk (messages of `chunk_bytes`): a chunk of a step-s send
-  leaves once every earlier receive into its range has been applied; an incoming chunk of
-  step s is applied once every earlier receive into, and send out of, its range is done,
-  and until then its sender's stream waits (HTTP/2 flow control; the window is left out);
-- a rank writes its sends step after step: a step's sends start once its earlier steps'
-  sends are written (the sends of one step run at once);
+  leaves once every earlier receive into its range has been applied at its sender; an
+  arrived chunk of step s is applied once every earlier receive into, and send out of, its
+  range is done at its receiver, and once the receiver has entered its iteration;
+- buffers: a transfer's bytes cross the wire ahead of being applied, up to
+  `receive_buffer_bytes` (the receiver's socket buffer and the agent's staging), and a rank
+  counts a send as written once every chunk of it may leave and at most
+  `send_buffer_bytes` of it wait to (its socket's send buffer): its next step's sends
+  start then (the sends of one step run at once), and queue behind what is left of the
+  earlier ones to the same peer;
 - partitions start by priority, at most `credit_bytes` of them in flight per rank (a
-  partition is in flight until its sends are written and its receives applied);
+  partition is in flight until its sends have arrived and its receives are applied);
+- iterations back to back: a rank enters the next once it is done with every partition of
+  the last and has computed `compute_s`; so one rank's next iteration overlaps another's
+  last, as in a run (traces of halving-doubling on nine ranks: the seven that take no part
+  in its first and last step start the next iteration a gradient's time early);
 - every transfer waits α (per-message latency) plus its path's link delay once its first
   chunk may leave, then streams.
 
-What it leaves out, on purpose: HTTP/2 windows, TCP's slow start and losses, and the CPU.
-The max-min split is what the agents pace their connections at (shares.py): TCP alone
-does not reach it where connections cross two bottlenecks.
+What it leaves out, on purpose: TCP's slow start and losses, and the CPU. The max-min
+split is what the agents pace their connections at (shares.py): TCP alone does not reach it
+where connections cross two bottlenecks.
 
 Bandwidth: each link direction carries `Network.payload_rate`, shared max-min fairly by the
-connections crossing it (one per sender and peer address, as the agents open one gRPC
-channel per address and multiplex their streams on it; a connection's rate is split
+connections crossing it (one per sender and peer address, as the agents open one
+connection per address and multiplex their streams on it; a connection's rate is split
 evenly among its transfers that can send). See `routes` for ECMP.
 
 Granularity: a transfer is one fluid flow, not one per message. It sends up to its gate
-(the end of the last chunk its dependencies allow) in one piece, and an event happens only
-when something changes the allocation: a transfer finishes or reaches its gate, a waiting
-one's next chunk clears (computed from the rates of the transfers it waits for), a latency
-ends. Transfers whose inputs are complete (a mesh step, most of a ring step) therefore cost
-one or two events however many messages they carry; only transfers that forward what is
-still arriving (pipelined trees, a parameter server's pull) step chunk by chunk.
+(the end of the last chunk its dependencies and its buffer allow) in one piece, and an
+event happens only when something changes: a transfer arrives or reaches its gate, a
+waiting one's next chunk clears or its receiver applies more (computed from the rates of
+the transfers it waits for), a latency ends, a rank enters an iteration. Transfers whose
+inputs are complete (a mesh step, most of a ring step) therefore cost one or two events
+however many messages they carry; only transfers that forward what is still arriving
+(pipelined trees, a parameter server's pull) step chunk by chunk.
 """
 
 from __future__ import annotations
@@ -46,11 +55,20 @@ from orchestrator.cost.routes import Routes
 # What a message of a transfer is when the caller does not say: the agents' default
 # (agent/plan.py DEFAULT_CHUNK_BYTES; the model may not import the agent).
 DEFAULT_CHUNK_BYTES = 512 * 1024
+# Bytes of a transfer that may cross the wire ahead of its receiver applying them: the
+# kernel's receive buffer, autotuned up to tcp_rmem's maximum (16 MiB on these machines),
+# and the tcp transport's staging of chunks that may not land yet (32 MiB).
+DEFAULT_RECEIVE_BUFFER_BYTES = 16 * 2**20
+# Bytes of a send the kernel takes before they leave: the tcp transport's fixed socket
+# buffer (agent/transports SEND_BUFFER_BYTES; callers pass the transport's own).
+DEFAULT_SEND_BUFFER_BYTES = 3 * 2**20
 _TIME_SLACK = 1e-9  # events this close (relative to the time to the next one) are simultaneous
 # Flow updates (live transfers summed over events) one prediction may take: the event loop's
-# time is proportional to them, about 20 s for MAX_WORK on this project's 2-core machines
-# (a ring's events grow with its transfers and so do the transfers live at each: n³).
-MAX_WORK = 4_000_000
+# time is proportional to them, 17-18 µs each on this project's 2-core machines (a ring of
+# 64 at 25 MB, a tree on fattree,4), so about 20 s for MAX_WORK (a ring's events grow with
+# its transfers and so do the transfers live at each: n³).
+MAX_WORK = 1_200_000
+_MAX_DEPTH = 200  # transfers one wait may chain through before the estimate gives up (safely)
 
 
 class ModelTooLarge(ValueError):
@@ -62,7 +80,7 @@ class Flow:
     """One transfer of a schedule as the simulation runs it. Positions are in elements of
     the buffer, progress in bytes."""
 
-    partition: int
+    partition: int  # iteration × partitions per iteration + the partition
     step: int
     src: int
     dst: int
@@ -72,13 +90,21 @@ class Flow:
     itemsize: int
     connection: int
     lead: float  # seconds from its first clear chunk to its first byte: α + path delay
-    send_after: list = field(default_factory=list)  # (flow, lo, hi): must be applied first
-    apply_after: list = field(default_factory=list)  # at the receiver: applied or written first
-    sent: float = 0.0
+    index: int = 0  # creation order: every transfer it waits for comes earlier
+    send_after: list = field(default_factory=list)  # (flow, lo, hi): applied at the sender first
+    apply_after: list = field(default_factory=list)  # receives at the receiver: applied first
+    written_after: list = field(default_factory=list)  # the receiver's own sends: written first
+    sent: float = 0.0  # bytes on the wire so far
     gate: float = 0.0  # bytes it may have sent now
     rate: float = 0.0
+    applied: int = -1  # element offset up to which the receiver has applied it (whole chunks)
+    handed: int = -1  # element offset up to which its sender has written it into the socket
     flowing_at: float | None = None  # when its bytes may flow (once its first chunk cleared)
-    finished: float | None = None
+    written: bool = False  # its sender has handed it over: its next step may start
+    arrived: float | None = None  # when its last byte crossed
+    finished: float | None = None  # when its last chunk was applied
+    held: bool = False  # its receiver has not entered its iteration yet
+    ready_to: int = 0  # this event's apply_limit (set with `applied`)
 
     size: float = 0.0  # bytes
     tolerance: float = 0.0  # bytes of float error below which it counts as there
@@ -86,56 +112,116 @@ class Flow:
     def __post_init__(self) -> None:
         self.size = float((self.hi - self.lo) * self.itemsize)
         self.tolerance = 1e-3 + 1e-9 * self.size
+        if self.applied < 0:
+            self.applied = self.lo
+        if self.handed < 0:
+            self.handed = self.lo
 
-    def done_to(self) -> int:
-        """Element offset up to which its messages have been applied (whole chunks)."""
-        if self.finished is not None:
+    def whole(self, offset: int) -> int:
+        """`offset` down to a message boundary (hi stays hi)."""
+        return offset if offset >= self.hi else self.lo + (offset - self.lo) // self.chunk * self.chunk
+
+    def whole_up(self, offset: int) -> int:
+        """The end of the message holding element `offset` − 1: what must be there for it."""
+        return min(self.hi, self.lo + -(-(offset - self.lo) // self.chunk) * self.chunk)
+
+    def arrived_to(self) -> int:
+        """Element offset up to which its messages have crossed the wire."""
+        if self.sent >= self.size - self.tolerance:
             return self.hi
-        chunk_bytes = self.chunk * self.itemsize
-        whole = int((self.sent + self.tolerance) // chunk_bytes)
-        return min(self.hi, self.lo + whole * self.chunk)
+        return min(self.hi, self.lo + int((self.sent + self.tolerance) // (self.chunk * self.itemsize)) * self.chunk)
 
     def bytes_to(self, offset: int) -> float:
         """Bytes it must have sent for its messages to cover [lo, offset)."""
         chunks = math.ceil((offset - self.lo) / self.chunk)
         return min(self.size, chunks * self.chunk * self.itemsize)
 
-    def blocked_at(self) -> int:
-        """Element offset of its first message that may not leave yet (hi if none)."""
+    def limit(self, after: list, progress: str = "applied") -> int:
+        """How far (element offset) the transfers in `after` allow it, message by message, by
+        how far each is `progress` ("applied" at its receiver or "handed" over by its sender)."""
         limit = self.hi
-        for other, lo, hi in self.send_after + self.apply_after:
-            reached = other.done_to()
+        for other, lo, hi in after:
+            reached = getattr(other, progress)
             if reached < hi:
                 limit = min(limit, max(reached, lo))
-        if limit >= self.hi:
-            return self.hi
-        return self.lo + (limit - self.lo) // self.chunk * self.chunk
+        return self.whole(limit)
 
-    def clears_in(self) -> float:
-        """Seconds until its blocked message clears at the current rates (inf: unknown yet)."""
-        start = self.lo + int(round(self.gate / self.itemsize))
-        end = min(start + self.chunk, self.hi)
+    def apply_limit(self) -> int:
+        """How far its receiver may apply it: earlier receives there applied, earlier sends
+        from there written."""
+        return min(self.limit(self.apply_after), self.limit(self.written_after, "handed"))
+
+    def done_to(self) -> int:
+        """Element offset up to which its messages have been applied."""
+        return self.applied
+
+
+def _reach(flow: Flow, offset: int, memo: dict, depth: int = 0) -> float:
+    """Seconds until `flow` is applied up to `offset` at the current rates: math.inf when
+    that waits on something whose own event comes first (or the chain is too long to follow;
+    `memo["deep"]` then says so)."""
+    offset = flow.whole_up(offset)  # it applies whole messages
+    if flow.applied >= offset:
+        return 0.0
+    key = (flow.index, offset)
+    if key in memo:
+        return memo[key]
+    memo[key] = math.inf  # a cycle cannot happen (waits point back), but stay finite in work
+    if flow.held or depth > _MAX_DEPTH:
+        memo["deep"] = memo.get("deep", False) or depth > _MAX_DEPTH
+        return math.inf
+    need = flow.bytes_to(offset)
+    if flow.sent >= need - flow.tolerance:
         wait = 0.0
-        for other, lo, hi in self.send_after + self.apply_after:
-            reached = other.done_to()
-            if max(reached, lo) >= end or hi <= start or reached >= hi:
-                continue
-            need = other.bytes_to(min(end, hi))
-            if other.rate <= 0 or other.gate < need - other.tolerance:
-                return math.inf  # it waits itself: its own event comes first
-            wait = max(wait, (need - other.sent) / other.rate)
-        return wait
+    elif flow.rate > 0 and flow.gate >= need - flow.tolerance:
+        wait = (need - flow.sent) / flow.rate
+    else:
+        return math.inf
+    for other, lo, hi in flow.apply_after:
+        if other.applied < hi and max(other.applied, lo) < offset:
+            wait = max(wait, _reach(other, min(hi, offset), memo, depth + 1))
+            if math.isinf(wait):
+                break
+    for other, lo, hi in flow.written_after:
+        if not math.isinf(wait) and other.handed < hi and max(other.handed, lo) < offset:
+            wait = max(wait, _handed_in(other, min(hi, offset), memo["send_buffer"]))
+    memo[key] = wait
+    return wait
+
+
+def _handed_in(flow: Flow, offset: int, send_buffer: float) -> float:
+    """Seconds until its sender has written `flow` up to `offset` at its current rate
+    (math.inf: it waits for its data, whose own event comes first)."""
+    offset = flow.whole_up(offset)  # it writes whole messages
+    if flow.handed >= offset:
+        return 0.0
+    need = flow.bytes_to(offset) - send_buffer
+    if flow.sent >= need - flow.tolerance:
+        return math.inf  # the socket has room: its data is what it waits for
+    if flow.rate > 0 and flow.gate >= need - flow.tolerance:
+        return (need - flow.sent) / flow.rate
+    return math.inf
 
 
 @dataclass
 class Simulation:
-    """The outcome: when the last transfer finished, and every flow with its times."""
+    """The outcome: when the last transfer was applied, and every flow with its times."""
 
     seconds: float
     flows: list[Flow]
-    link_bytes: list[float]  # by link direction index of `routes.directions`
+    link_bytes: list[float]  # per allreduce, by link direction index of `routes.directions`
     routes: Routes
     events: int
+    exits: list[dict[int, float]]  # per iteration, when each rank left it
+    work: int = 0  # flow updates it took (what its time grows with; MAX_WORK bounds it)
+
+    @property
+    def period(self) -> float:
+        """Seconds per allreduce back to back, as a run measures it (experiment/results.py
+        sync_times): from the slowest rank's exit of the first iteration to its exit of the
+        last, over the iterations between; one allreduce's time when only one ran."""
+        ends = [max(exits.values(), default=0.0) for exits in self.exits]
+        return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else self.seconds
 
 
 class _Run:
@@ -149,11 +235,17 @@ class _Run:
         credit_bytes: int,
         itemsize: int,
         max_work: int = MAX_WORK,
+        receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES,
+        send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+        iterations: int = 1,
+        compute_s: float = 0.0,
     ) -> None:
         self.routes = routes
         self.network = network
         self.capacity = network.payload_rate
         self.credit = credit_bytes
+        self.buffer = float(receive_buffer_bytes)
+        self.send_buffer = float(send_buffer_bytes)
         self.flows: list[Flow] = []
         self.connections: dict[tuple[int, object], int] = {}  # (rank, peer address) → index
         self.usage: list = []
@@ -162,20 +254,30 @@ class _Run:
         if len(nodes) < ranks:
             raise ValueError(f"{ranks} ranks but only {len(nodes)} nodes to place them on")
         self.sends: dict[tuple[int, int], list[list[Flow]]] = {}  # (partition, rank) → sends by step
-        self.receives_left: dict[tuple[int, int], int] = {}
-        self.cost = [part.length * itemsize for part, _ in schedules]
-        for p, (_, schedule) in enumerate(schedules):
-            self._add(p, schedule, nodes, chunk, itemsize)
+        self.receives_left: dict[tuple[int, int], int] = {}  # (partition, rank) → receives not applied
+        self.sends_left: dict[tuple[int, int], int] = {}  # (partition, rank) → sends not arrived
+        self.per_iteration = len(schedules)
+        self.iterations = iterations
+        self.compute = compute_s
+        self.cost = [part.length * itemsize for part, _ in schedules] * iterations
+        for i in range(iterations):  # iteration i's partition p is index i·P + p
+            for p, (_, schedule) in enumerate(schedules):
+                self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize)
         self.ranks = ranks
-        # per rank: partitions by priority, the next to start, bytes in flight
+        # per rank: partitions by priority, iteration after iteration; the next to start,
+        # bytes in flight; the iteration it is in and its partitions left there
         order = sorted(range(len(schedules)), key=lambda p: (schedules[p][0].priority, p))
-        self.queue = {r: list(order) for r in range(ranks)}
+        self.queue = {r: [i * self.per_iteration + p for i in range(iterations) for p in order] for r in range(ranks)}
         self.next = dict.fromkeys(range(ranks), 0)
         self.in_flight = dict.fromkeys(range(ranks), 0)
+        self.entered = dict.fromkeys(range(ranks), 0)
+        self.remaining = dict.fromkeys(range(ranks), self.per_iteration)
+        self.exits: list[dict[int, float]] = [{} for _ in range(iterations)]  # iteration → rank → when it left
+        self.timers: list[tuple[float, int]] = []  # (time, rank): the rank enters its next iteration then
         self.cursor: dict[tuple[int, int], int] = {}
-        self.left: dict[tuple[int, int], int] = {}
+        self.left: dict[tuple[int, int], int] = {}  # (partition, rank) → sends of its step not written
         self.open: set[tuple[int, int]] = set()  # (partition, rank) started and not done
-        self.live: dict[int, Flow] = {}  # id → started, unfinished flows, in start order
+        self.live: dict[int, Flow] = {}  # id → started flows not yet applied, in start order
         self.now = 0.0
         self.events = 0
         self.work = 0  # flow updates so far: what the event loop's time grows with
@@ -195,10 +297,10 @@ class _Run:
                 if connection == len(self.usage):
                     self.usage.append(usage)
                 flow = Flow(p, step_no, t.src, t.dst, t.offset, t.end, chunk, itemsize, connection,
-                            network.latency + network.delay * hops)
+                            network.latency + network.delay * hops, len(self.flows) + len(flows))
                 flow.send_after = received.setdefault(t.src, Ranges()).touching(t.offset, t.end)
-                flow.apply_after = (received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
-                                    + written.setdefault(t.dst, Ranges()).touching(t.offset, t.end))
+                flow.apply_after = received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
+                flow.written_after = written.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
                 flows.append(flow)
             for flow in flows:  # after the whole step: its transfers do not wait on each other
                 received[flow.dst].put(flow.lo, flow.hi, step_no, flow)
@@ -209,13 +311,16 @@ class _Run:
                     by_step.append([])
                 by_step[-1].append(flow)
                 self.receives_left[(p, flow.dst)] = self.receives_left.get((p, flow.dst), 0) + 1
+                self.sends_left[(p, flow.src)] = self.sends_left.get((p, flow.src), 0) + 1
             self.flows += flows
 
-    # -- program order and credit ---------------------------------------------------------
+    # -- program order, credit and iterations ---------------------------------------------
     def _admit(self, rank: int) -> None:
         queue = self.queue[rank]
         while self.next[rank] < len(queue):
             p = queue[self.next[rank]]
+            if p // self.per_iteration > self.entered[rank]:
+                return  # the next iteration's: the rank enters it once done with this one
             cost = self.cost[p]
             if self.credit and self.in_flight[rank] and self.in_flight[rank] + cost > self.credit:
                 return
@@ -238,25 +343,115 @@ class _Run:
             self._maybe_done(p, rank)
 
     def _maybe_done(self, p: int, rank: int) -> None:
-        if (p, rank) not in self.open or self.left.get((p, rank)) or self.receives_left.get((p, rank), 0):
+        """Partition `p` is done for `rank` once its sends are written and have arrived (the
+        receiver's acknowledgement) and its receives are applied."""
+        key = (p, rank)
+        if key not in self.open or self.left.get(key) or self.receives_left.get(key, 0) or self.sends_left.get(key, 0):
             return
-        if self.cursor[(p, rank)] < len(self.sends.get((p, rank), [])):
+        if self.cursor[key] < len(self.sends.get(key, [])):
             return
-        self.open.discard((p, rank))
+        self.open.discard(key)
         self.in_flight[rank] -= self.cost[p]
+        self.remaining[rank] -= 1
+        if self.remaining[rank] == 0:  # the rank leaves this iteration, and enters the next after its compute
+            iteration = self.entered[rank]
+            self.exits[iteration][rank] = self.now
+            if iteration + 1 < self.iterations:
+                self.remaining[rank] = self.per_iteration
+                self.timers.append((self.now + self.compute, rank))
+                self._enter_due()
         self._admit(rank)
 
-    def _finish(self, flow: Flow) -> None:
-        flow.sent, flow.finished = flow.size, self.now
-        del self.live[id(flow)]
+    def _enter_due(self) -> None:
+        """Ranks whose compute before their next iteration is over enter it."""
+        due = [(at, rank) for at, rank in self.timers if at <= self.now]
+        self.timers = [(at, rank) for at, rank in self.timers if at > self.now]
+        for _, rank in due:
+            self.entered[rank] += 1
+            self._admit(rank)
+
+    def _written(self, flow: Flow) -> None:
+        flow.written = True
         key = (flow.partition, flow.src)
         self.left[key] -= 1
         if self.left[key] == 0:
             self._next_step(*key)
-        self.receives_left[(flow.partition, flow.dst)] -= 1
-        self._maybe_done(flow.partition, flow.dst)
+
+    def _arrived(self, flow: Flow) -> None:
+        flow.sent, flow.arrived = flow.size, self.now
+        key = (flow.partition, flow.src)
+        self.sends_left[key] -= 1
+        self._maybe_done(*key)
+
+    def _applied(self, flow: Flow) -> None:
+        flow.finished = self.now
+        del self.live[id(flow)]
+        key = (flow.partition, flow.dst)
+        self.receives_left[key] -= 1
+        self._maybe_done(*key)
 
     # -- the event loop -------------------------------------------------------------------
+    def _update(self, flows: list[Flow]) -> bool:
+        """Apply what has arrived and may be applied, hand over what may be written, and set
+        every flow's gate (`flows` in creation order: what one waits for comes first). True
+        when a transfer was written or applied: what is live may have changed."""
+        changed = []
+        for flow in flows:
+            flow.held = flow.partition // self.per_iteration > self.entered[flow.dst]
+            if not flow.held:
+                flow.ready_to = flow.apply_limit()  # kept for this event's gate and wait
+                flow.applied = max(flow.applied, min(flow.arrived_to(), flow.ready_to))
+            clear = flow.limit(flow.send_after)  # the sender holds the data up to here
+            flow.handed = max(flow.handed, min(clear, flow.whole(
+                flow.lo + int((flow.sent + self.send_buffer + flow.tolerance) // flow.itemsize))))
+            flow.gate = max(flow.sent, min((clear - flow.lo) * flow.itemsize, self._room(flow)))
+            if flow.flowing_at is None and flow.gate > 0:
+                flow.flowing_at = self.now + flow.lead
+            if (not flow.written and clear >= flow.hi and flow.size - flow.sent <= self.send_buffer + flow.tolerance) or \
+                    (flow.applied >= flow.hi and flow.arrived is not None):
+                changed.append(flow)
+        for flow in changed:
+            if not flow.written:
+                self._written(flow)
+            if flow.applied >= flow.hi and flow.arrived is not None and flow.finished is None:
+                self._applied(flow)
+        return bool(changed)
+
+    def _room(self, flow: Flow) -> float:
+        """Bytes of the flow its receiver can take now: what it may apply at once, or what it
+        has applied and its buffer."""
+        room = (flow.applied - flow.lo) * flow.itemsize + self.buffer
+        if not flow.held:
+            room = max(room, (flow.ready_to - flow.lo) * flow.itemsize)
+        return room
+
+    def _wait(self, flow: Flow, memo: dict) -> float:
+        """Seconds until a flow that may not send now can send more, or until it is applied
+        whole once arrived (math.inf: another flow's event comes first)."""
+        if flow.arrived is not None:
+            return _reach(flow, flow.hi, memo)
+        start = flow.lo + int(round(flow.gate / flow.itemsize))
+        end = min(start + flow.chunk, flow.hi)
+        wait = 0.0
+        for other, lo, hi in flow.send_after:
+            if other.applied < hi and max(other.applied, lo) < end and lo < end:
+                wait = max(wait, _reach(other, min(hi, end), memo))
+        if self._room(flow) < (end - flow.lo) * flow.itemsize - flow.tolerance:  # its receiver is full
+            short = (end - flow.lo) * flow.itemsize - (flow.applied - flow.lo) * flow.itemsize - self.buffer
+            need = min(flow.hi, flow.applied + math.ceil(short / (flow.chunk * flow.itemsize)) * flow.chunk)
+            room = _reach(flow, need, memo)  # it applies enough of what it holds, or
+            if not flow.held:  # what it waits for to apply the next message gets there
+                ready = 0.0
+                for other, lo, hi in flow.apply_after:
+                    if other.applied < hi and max(other.applied, lo) < end and lo < end:
+                        ready = max(ready, _reach(other, min(hi, end), memo))
+                for other, lo, hi in flow.written_after:
+                    if other.handed < hi and max(other.handed, lo) < end and lo < end:
+                        ready = max(ready, _handed_in(other, min(hi, end), self.send_buffer))
+                room = min(room, ready)
+            wait = max(wait, room)
+        return wait
+
     def run(self) -> float:
         for rank in range(self.ranks):
             self._admit(rank)
@@ -264,33 +459,48 @@ class _Run:
         stalls = 0
         while self.live:
             self.events += 1
-            flows = list(self.live.values())
-            self.work += len(flows)
-            if self.work > self.max_work:
-                raise ModelTooLarge(f"the model re-shared bandwidth {self.events:,} times among up to {len(flows):,} "
-                                    f"transfers ({self.work:,} flow updates) and is not done: more than the "
-                                    f"{self.max_work:,} one prediction may take; use fewer servers or a larger "
-                                    "message size")
-            for flow in flows:
-                flow.gate = (flow.blocked_at() - flow.lo) * flow.itemsize
-                if flow.flowing_at is None and flow.gate > 0:
-                    flow.flowing_at = self.now + flow.lead
-            active = [f for f in flows if f.flowing_at is not None and f.flowing_at <= self.now
-                      and f.sent < f.gate - f.tolerance]
+            while True:
+                flows = sorted(self.live.values(), key=lambda f: f.index)
+                self.work += len(flows)
+                if self.work > self.max_work:
+                    raise ModelTooLarge(
+                        f"the model re-shared bandwidth {self.events:,} times among up to {len(flows):,} "
+                        f"transfers ({self.work:,} flow updates) and is not done: more than the "
+                        f"{self.max_work:,} one prediction may take; use fewer servers or a larger message size")
+                if not self._update(flows):
+                    break
+            if not self.live:
+                if self.timers:  # every rank computes: on to the first that is done
+                    self.now = min(at for at, _ in self.timers)
+                    self._enter_due()
+                    continue
+                break
+            ready = [f for f in flows if f.flowing_at is not None and f.flowing_at <= self.now
+                     and f.sent < f.gate - f.tolerance]
+            active = self._served(ready, flows)
             key = tuple(id(f) for f in active)
             if key != allocated_for:
                 self._allocate(active)
                 allocated_for = key
-            moving = {id(f) for f in active}
-            waiting = [f for f in flows if id(f) not in moving]
+            moving = {id(f) for f in ready}  # those queued behind another move once it has gone
             dt = math.inf
             for flow in active:
                 dt = min(dt, (flow.gate - flow.sent) / flow.rate)
-            for flow in waiting:
+                unsent = flow.size - self.send_buffer - flow.sent
+                if not flow.written and unsent > flow.tolerance:  # its last bytes fit its socket's buffer then
+                    dt = min(dt, unsent / flow.rate)
+            memo: dict = {"send_buffer": self.send_buffer}
+            for flow in flows:
+                if id(flow) in moving:
+                    continue
                 if flow.flowing_at is not None and flow.flowing_at > self.now:
                     dt = min(dt, flow.flowing_at - self.now)
-                elif flow.gate < flow.size:  # its next message (or its first) waits on others
-                    dt = min(dt, flow.clears_in())
+                elif not flow.held or flow.arrived is None:
+                    dt = min(dt, self._wait(flow, memo))
+            if memo.get("deep") and active:  # a wait too long to follow: the next message boundary is safe
+                dt = min(dt, min(min(f.gate - f.sent, f.chunk * f.itemsize) / f.rate for f in active))
+            for at, _ in self.timers:
+                dt = min(dt, at - self.now)
             if math.isinf(dt):
                 raise RuntimeError(f"the model stalled at {self.now:.6f} s with {len(flows)} transfers waiting "
                                    "(a schedule whose ranges can never clear: a bug)")
@@ -305,14 +515,30 @@ class _Run:
                 else:
                     flow.sent += flow.rate * dt
             for flow in active:
-                if flow.sent >= flow.size - flow.tolerance:
-                    self._finish(flow)
+                if flow.arrived is None and flow.sent >= flow.size - flow.tolerance:
+                    self._arrived(flow)
+            self._enter_due()
+            while not self.live and self.timers:  # every rank computes: on to the first that is done
+                self.now = min(at for at, _ in self.timers)
+                self._enter_due()
         unfinished = [f for f in self.flows if f.finished is None]
         if unfinished:
             f = unfinished[0]
             raise RuntimeError(f"{len(unfinished)} transfers never started, e.g. rank {f.src} → {f.dst} "
                                f"in step {f.step} of partition {f.partition} (a bug)")
         return self.now
+
+    @staticmethod
+    def _served(ready: list[Flow], flows: list[Flow]) -> list[Flow]:
+        """Of the flows that could send, those their connection carries now: a rank writes a
+        partition's steps in turn into one socket, so a later step's bytes queue behind what
+        is left of an earlier one's to the same peer (partitions' streams interleave)."""
+        first: dict[tuple[int, int], int] = {}
+        for flow in flows:
+            if flow.arrived is None:
+                key = (flow.connection, flow.partition)
+                first[key] = min(first.get(key, flow.step), flow.step)
+        return [flow for flow in ready if first[(flow.connection, flow.partition)] == flow.step]
 
     def _allocate(self, active: list[Flow]) -> None:
         by_connection: dict[int, list[Flow]] = {}
@@ -336,7 +562,7 @@ class _Run:
         out = [0.0] * len(self.routes.directions)
         for flow in self.flows:
             for link, share in self.usage[flow.connection]:
-                out[link] += flow.size * share
+                out[link] += flow.size * share / self.iterations  # per allreduce
         return out
 
 
@@ -349,9 +575,23 @@ def simulate(
     credit_bytes: int = 0,
     itemsize: int = 4,
     max_work: int = MAX_WORK,
+    receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES,
+    send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+    iterations: int = 1,
+    compute_s: float = 0.0,
 ) -> Simulation:
-    """Simulate one allreduce of [(Partition, Schedule)] (priority order) with rank r on
-    server `nodes[r]` of `routes.topology`; ModelTooLarge beyond `max_work` flow updates."""
-    run = _Run(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, max_work)
+    """Simulate `iterations` allreduces of [(Partition, Schedule)] (priority order) back to
+    back, with rank r on server `nodes[r]` of `routes.topology`: each rank enters the next
+    once it has left the last and computed `compute_s`, as the agents do. The buffers: how far
+    a transfer may run ahead of its receiver applying it, and how much of it its sender may
+    hand over before it leaves (both 0: a transfer flows only as fast as it is applied, and a
+    rank's next step waits for its sends to arrive). ModelTooLarge beyond `max_work` flow
+    updates."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    if receive_buffer_bytes < 0 or send_buffer_bytes < 0:
+        raise ValueError("buffer sizes must not be negative")
+    run = _Run(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, max_work, receive_buffer_bytes,
+               send_buffer_bytes, iterations, compute_s)
     seconds = run.run()
-    return Simulation(seconds, run.flows, run.link_bytes(), routes, run.events)
+    return Simulation(seconds, run.flows, run.link_bytes(), routes, run.events, run.exits, run.work)

@@ -10,6 +10,7 @@ from functools import cache
 
 from orchestrator import topology as topology_lib
 from orchestrator import units
+from orchestrator.agent import transports
 from orchestrator.agent.plan import chunk_bytes
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
@@ -134,7 +135,9 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                              f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
         prediction = predict_schedules(
             topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
-            chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes)
+            chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes,
+            send_buffer_bytes=transports.get(spec.agents.transport).send_buffer,
+            compute_s=getattr(point.workload, "compute", 0.0))
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
             else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"

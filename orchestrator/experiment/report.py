@@ -164,8 +164,11 @@ def write_summary(results: dict, path: Path) -> Path:
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]
     if degraded:
-        lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's:", ""]
-        lines += [f"- {p['id']}: " + "; ".join(p["fidelity"]["reasons"]) for p in degraded]
+        lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's "
+                  "(the machine may have set it), \"model off\" when the machine kept up but the cost model does "
+                  "not explain the figure (measured / predicted outside [0.90, 1.10]):", ""]
+        lines += [f"- {p['id']} ({p['fidelity'].get('verdict', '–')}): " + "; ".join(p["fidelity"]["reasons"])
+                  for p in degraded]
     checked = [p for p in results["points"] if (p.get("checker") or {}).get("clean") is not None]
     if checked:
         lines += ["", "## History checker", "", "Every survivor holds the same parameters after each iteration, and "

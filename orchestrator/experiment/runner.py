@@ -60,7 +60,9 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         "size_bytes": planned.size_bytes, "workload": planned.point.workload.model_dump(mode="json"),
         "workers": list(planned.layout.workers), "servers": list(planned.layout.servers),
         "iterations": spec.iterations, "warmup": spec.warmup,
-        "predicted": {"seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
+        # what the run's time per synchronisation is held against: one allreduce of a run of them
+        "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
+                      "algbw_bytes_per_s": prediction.algbw,
                       "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes},
         "fault_events": [],
     }

@@ -1,6 +1,12 @@
-"""Whether a point's figure is the emulated network's (Mininet-HiFi's idea): "ok", or
-"degraded" with the reasons, so a figure measured on an overloaded machine is never taken for
-a network effect. Pure: it judges what the runner measured around the point.
+"""Whether a point's figure is the emulated network's (Mininet-HiFi's idea), and whether the
+cost model explains it. Pure: it judges what the runner measured around the point.
+
+- "ok": the machine kept up and measured / predicted lies within [MIN_RATIO, MAX_RATIO];
+- "degraded": the machine may have set the figure (CPU, shaping, loss: MACHINE), with the
+  reasons, so a figure measured on an overloaded machine is never taken for a network
+  effect; a ratio out of the band is then listed as one more reason, not blamed on the model;
+- "model off": the machine kept up, yet measured / predicted left the band, either way: the
+  model, not the lab, is what is wrong at this point.
 
 Checks, each a row of CHECKS (name → function of the point's facts → a reason or None):
 - CPU headroom: the host's idle share while the point ran. Below MIN_IDLE the agents and the
@@ -9,7 +15,7 @@ Checks, each a row of CHECKS (name → function of the point's facts → a reaso
   mean the shaper did not hold, so the figure is not that of the configured network).
 - Loss: qdisc drops over MAX_DROP_SHARE of a direction's packets: TCP's recovery, which the
   cost model leaves out, then weighs in the time.
-- Prediction: measured / predicted over MAX_RATIO (issue 14's bar).
+- Prediction: measured / predicted outside [MIN_RATIO, MAX_RATIO] (issue 14's bar, both ways).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ MIN_IDLE = 0.20
 MAX_OVERRATE = 1.05  # shaping granularity (HTB bursts) within a run of seconds
 MAX_DROP_SHARE = 0.01
 MAX_RATIO = 1.10
+MIN_RATIO = 0.90
 
 
 def _cpu(facts: dict) -> str | None:
@@ -54,6 +61,8 @@ def _prediction(facts: dict) -> str | None:
     ratio = facts.get("ratio")
     if ratio is not None and ratio > MAX_RATIO:
         return f"measured/predicted {ratio:.2f} > {MAX_RATIO:.2f}"
+    if ratio is not None and ratio < MIN_RATIO:
+        return f"measured/predicted {ratio:.2f} < {MIN_RATIO:.2f}: it ran faster than the model says"
     return None
 
 
@@ -62,9 +71,21 @@ CHECKS: dict[str, Callable[[dict], str | None]] = {
 }
 
 
+MACHINE = ("cpu", "shaping", "loss")  # the checks that say the machine, not the network, set the pace
+
+
 def judge(facts: dict) -> dict:
-    """{"verdict": "ok" | "degraded", "reasons": [...]} of a point's facts: cpu_idle_share,
-    seconds (wall time of the run), rate_bytes_per_s (configured), link_bytes, link_packets,
-    link_drops (per direction, over the run) and ratio; a missing fact skips its check."""
-    reasons = [reason for check in CHECKS.values() if (reason := check(facts))]
-    return {"verdict": "degraded" if reasons else "ok", "reasons": reasons}
+    """{"verdict": "ok" | "degraded" | "model off", "reasons": [...]} of a point's facts:
+    cpu_idle_share, seconds (wall time of the run), rate_bytes_per_s (configured),
+    link_bytes, link_packets, link_drops (per direction, over the run) and ratio; a missing
+    fact skips its check."""
+    failed = {name: reason for name, check in CHECKS.items() if (reason := check(facts))}
+    if any(name in MACHINE for name in failed):
+        verdict = "degraded"
+    elif failed:
+        verdict = "model off"
+        failed = {name: f"{reason}, while the machine kept up: the model is off here, not the lab"
+                  for name, reason in failed.items()}
+    else:
+        verdict = "ok"
+    return {"verdict": verdict, "reasons": list(failed.values())}

@@ -101,11 +101,38 @@ def test_flat_mesh_on_a_torus_follows_dimension_order_routes(size, kd):
     check_form(make_topology("torus", k=k, d=d), "mesh", size, expected)
 
 
+def unbuffered(topology, algorithm: str, size: int, network: Network = IDEAL, **kwargs) -> float:
+    """S/B of one allreduce with neither buffers nor pipelining: each transfer one message,
+    sent only as fast as its receiver applies it, a rank's next step after its sends arrived
+    (the schedule's steps in turn: what the closed forms count)."""
+    schedules, nodes = build_schedules(topology, algorithm, size)
+    run = simulate(Routes(topology), schedules, nodes, network, 2**40, receive_buffer_bytes=0, send_buffer_bytes=0,
+                   **kwargs)
+    return in_units(run.period, size, network)
+
+
 @SETTINGS
 @given(size=SIZES, n=st.sampled_from([2, 4, 8, 16]))
 def test_halving_doubling_on_non_blocking_fabrics(size, n):
-    check_form(make_topology("star", servers=n), "halving-doubling", size, 2 * (n - 1) / n)
-    check_form(make_topology("fattree", k=4), "halving-doubling", size, 2 * 15 / 16)
+    # step by step it is the closed form; as the agents run it, a step's first bytes start
+    # while the last step's still flow and share its links, so never faster than the form
+    for topology, form in ((make_topology("star", servers=n), 2 * (n - 1) / n),
+                           (make_topology("fattree", k=4), 2 * 15 / 16)):
+        assert unbuffered(topology, "halving-doubling", size) == pytest.approx(form, rel=1e-3)
+        prediction = predict(topology, "halving-doubling", size, IDEAL)
+        assert in_units(prediction.seconds, size) >= form * (1 - 1e-4)
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 9])
+def test_halving_doubling_off_powers_of_two_against_its_schedule_by_hand(n):
+    # p = 2^⌊log2 n⌋ ranks halve and double; first the n − p ranks sitting out each send S to
+    # a partner (reduce) and last get S back (copy): on a star, one transfer at a time per
+    # rank, S + 2(p − 1)/p·S + S
+    p = 1 << (n.bit_length() - 1)
+    star = make_topology("star", servers=n)
+    assert unbuffered(star, "halving-doubling", 4_000_000) == pytest.approx(2 + 2 * (p - 1) / p, rel=1e-6)
+    # back to back the same: the partner of a rank sitting out is on every step's critical path
+    assert unbuffered(star, "halving-doubling", 4_000_000, iterations=3) == pytest.approx(2 + 2 * (p - 1) / p, rel=1e-6)
 
 
 @SETTINGS
@@ -113,7 +140,9 @@ def test_halving_doubling_on_non_blocking_fabrics(size, n):
 def test_hdrm_on_bigraph_keeps_one_flow_per_switch_link(size, nm):
     n, m = nm
     servers = n * m
-    check_form(make_topology("bigraph", switches=n, servers_per_switch=m), "hdrm", size, 2 * (servers - 1) / servers)
+    bigraph = make_topology("bigraph", switches=n, servers_per_switch=m)
+    assert unbuffered(bigraph, "hdrm", size) == pytest.approx(2 * (servers - 1) / servers, rel=1e-3)
+    assert in_units(predict(bigraph, "hdrm", size, IDEAL).seconds, size) >= 2 * (servers - 1) / servers * (1 - 1e-4)
 
 
 @SETTINGS
@@ -182,15 +211,69 @@ def test_a_forwarded_range_pipelines_message_by_message():
     assert (first.finished, second.finished) == (pytest.approx(4.0), pytest.approx(5.0))
 
 
-def test_a_later_step_waits_for_the_sends_of_the_earlier_one():
+def test_a_later_step_starts_once_the_earlier_ones_sends_are_handed_over():
     # rank 0 sends 1000 B to 1 in step 0 and 1000 B to 2 in step 1: the agents write a rank's
-    # steps in order, so the second starts when the first is written, though its range is ready
+    # steps in order, so the second starts when the first is written into its socket, though
+    # its range is ready
     star = make_topology("star", servers=3)
     schedule = Schedule("by-hand", 3, 500)
     schedule.add_step([Transfer(0, 1, 0, 250, "reduce")])
     schedule.add_step([Transfer(0, 2, 250, 250, "reduce")])
-    result = run(star, schedule, Network(8000, efficiency=1.0))
+    network = Network(8000, efficiency=1.0)  # 1000 B/s
+    nodes = [s.name for s in star.servers]
+    # a socket that holds none of it: written once sent, so one after the other
+    result = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, send_buffer_bytes=0)
     assert [f.finished for f in result.flows] == [pytest.approx(1.0), pytest.approx(2.0)]
+    # a socket of 600 B: the first is handed over once 400 B have left (0.4 s); then both
+    # share h0's uplink, the first's last 600 B at 500 B/s (1.6 s), the second's rest alone
+    result = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, send_buffer_bytes=600)
+    assert [f.finished for f in result.flows] == [pytest.approx(1.6), pytest.approx(2.0)]
+    # one that holds all of it: both at once from the start
+    result = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, send_buffer_bytes=1000)
+    assert [f.flowing_at for f in result.flows] == [0.0, 0.0]
+
+
+def test_bytes_cross_into_the_receivers_buffer_before_they_may_be_applied():
+    # step 0: rank 1 sends [0, 250) to rank 0; step 1: rank 2 sends the same range to rank 1,
+    # which may apply it only once its own send of that range is written. Without buffers the
+    # second waits for the first to arrive (1 s) and then takes 1 s; with them it crosses
+    # h2→sw→h1 (idle links) at once and is applied when it has arrived: both done at 1 s
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 250)
+    schedule.add_step([Transfer(1, 0, 0, 250, "reduce")])
+    schedule.add_step([Transfer(2, 1, 0, 250, "reduce")])
+    network = Network(8000, efficiency=1.0)
+    nodes = [s.name for s in star.servers]
+    held = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, receive_buffer_bytes=0,
+                    send_buffer_bytes=0)
+    assert held.seconds == pytest.approx(2.0)
+    buffered = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, receive_buffer_bytes=1000,
+                        send_buffer_bytes=1000)
+    assert buffered.seconds == pytest.approx(1.0)
+    # the kernel buffers bytes, not messages: 400 B cross at once, the other 600 once rank 1's
+    # send is written (1 s)
+    small = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, receive_buffer_bytes=400,
+                     send_buffer_bytes=0)
+    assert small.seconds == pytest.approx(1.6)
+    # no buffers but messages of 200 B: each may cross once rank 1 has written the same
+    # message of its own send, so the second trails the first by one message
+    pipelined = simulate(Routes(star), one_partition(schedule), nodes, network, 200, receive_buffer_bytes=0,
+                         send_buffer_bytes=0)
+    assert pipelined.seconds == pytest.approx(1.2)
+
+
+def test_back_to_back_a_rank_done_early_starts_the_next_allreduce():
+    # halving-doubling on 5 ranks: rank 0 sits out (it sends S to 1 first and gets it back
+    # last). Ranks 2-4 leave an iteration a copy's time before ranks 0 and 1 and start the
+    # next among themselves, so a run's time per allreduce is below one allreduce alone
+    star = make_topology("star", servers=5)
+    schedules, nodes = build_schedules(star, "halving-doubling", 4_000_000)
+    run_ = simulate(Routes(star), schedules, nodes, IDEAL, 2**20, iterations=4)
+    alone = simulate(Routes(star), schedules, nodes, IDEAL, 2**20)
+    first, second = run_.exits[0], run_.exits[1]
+    assert min(first.values()) < max(first.values())  # some leave early
+    assert run_.period < alone.seconds
+    assert run_.link_bytes == pytest.approx(alone.link_bytes)  # per allreduce either way
 
 
 def test_latency_and_link_delay_come_before_the_first_byte():
@@ -203,12 +286,18 @@ def test_latency_and_link_delay_come_before_the_first_byte():
 
 
 def test_ring_pays_alpha_per_step_and_efficiency_scales_bandwidth():
+    # worked by hand: one message per transfer, no buffers: each of the 2(N−1) steps waits α,
+    # then sends S/N at the payload rate
     star = make_topology("star", servers=4)
     size = 4_000_000
     network = Network(RATE, efficiency=tcp_efficiency(1500), latency=1e-3)
-    prediction = predict(star, "ring", size, network)
-    expected = 2 * 3 / 4 * size / (RATE / 8 * tcp_efficiency(1500)) + 2 * 3 * 1e-3
-    assert prediction.seconds == pytest.approx(expected, rel=1e-6)
+    bandwidth = 2 * 3 / 4 * size / (RATE / 8 * tcp_efficiency(1500))
+    assert unbuffered(star, "ring", size, network) * size / network.payload_rate == \
+        pytest.approx(bandwidth + 2 * 3 * 1e-3, rel=1e-6)
+    # as the agents run it, a step's α passes while the last step's bytes still flow: at
+    # least the first step's α, at most every step's
+    seconds = predict(star, "ring", size, network).seconds
+    assert bandwidth + 1e-3 - 1e-9 <= seconds <= bandwidth + 2 * 3 * 1e-3 + 1e-9
 
 
 def test_tcp_efficiency_is_what_iperf3_measured_through_htb():

@@ -1,5 +1,6 @@
-"""The fidelity verdict (experiment/verdict.py): each check turns a point "degraded" with a
-reason that names what was wrong, and only then."""
+"""The fidelity verdict (experiment/verdict.py): each machine check turns a point "degraded"
+with a reason that names what was wrong, and only then; a ratio out of the band on a machine
+that kept up is "model off", either way."""
 
 from __future__ import annotations
 
@@ -20,12 +21,28 @@ def test_a_clean_point_is_ok():
     ({"cpu_idle_share": 0.05}, "5% idle"),
     ({"link_bytes": {"h0→sw": 140e6}}, "link h0→sw carried 1.12×"),
     ({"link_drops": {"sw→h1": 1200}}, "link sw→h1 dropped 2.0%"),
-    ({"ratio": 1.53}, "measured/predicted 1.53"),
 ])
-def test_each_check_degrades_with_its_reason(change, words):
+def test_each_machine_check_degrades_with_its_reason(change, words):
     judged = judge(GOOD | change)
     assert judged["verdict"] == "degraded"
     assert len(judged["reasons"]) == 1 and words in judged["reasons"][0], judged
+
+
+@pytest.mark.parametrize("ratio, words", [(1.53, "measured/predicted 1.53 > 1.10"), (0.75, "0.75 < 0.90")])
+def test_a_mispriced_point_on_a_machine_that_kept_up_is_the_models_fault(ratio, words):
+    judged = judge(GOOD | {"ratio": ratio})
+    assert judged["verdict"] == "model off"
+    assert len(judged["reasons"]) == 1 and words in judged["reasons"][0] and "model is off" in judged["reasons"][0]
+
+
+def test_a_busy_machine_is_blamed_before_the_model():
+    judged = judge(GOOD | {"ratio": 0.7, "cpu_idle_share": 0.05})
+    assert judged["verdict"] == "degraded" and len(judged["reasons"]) == 2
+    assert not any("model is off" in reason for reason in judged["reasons"])
+
+
+def test_the_band_edges_are_ok():
+    assert judge(GOOD | {"ratio": 0.90})["verdict"] == judge(GOOD | {"ratio": 1.10})["verdict"] == "ok"
 
 
 def test_missing_facts_skip_their_checks():

@@ -29,16 +29,19 @@ class Transport:
     # messages in flight are held in user space (encoded, buffered, received): their size
     # is then budgeted by the streams a rank has (agent/plan.py, chunk_bytes)
     holds_messages: bool = False
+    # bytes of a send the kernel takes before they leave: a rank's send is handed over, and
+    # its next step may start, once no more than this waits (the cost model counts it)
+    send_buffer: int = 0
 
 
 TRANSPORTS: dict[str, Transport] = {}
 
 
 def register(name: str, sender: Callable[..., object], port_offset: int, about: str = "",
-             holds_messages: bool = False) -> None:
+             holds_messages: bool = False, send_buffer: int = 0) -> None:
     """Add (or replace) the transport `name`: `sender(run_id, rank, window_bytes)` makes a
     rank's sending side; its peers listen on each data address's port + `port_offset`."""
-    TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages)
+    TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer)
 
 
 def get(name: str) -> Transport:
