@@ -100,14 +100,14 @@ def predict_schedules(
     compute_s: float = 0.0,
 ) -> Prediction:
     """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`, alone
-    and `BACK_TO_BACK` of them in a row with `compute_s` before each (the latter left out when
-    it would take more than the model's work limit). `send_buffer_bytes`: the transport's."""
+    and `BACK_TO_BACK` of them in a row with `compute_s` before each (the latter left out beyond
+    BACK_TO_BACK_WORK). `send_buffer_bytes`: the transport's."""
     check_path_work(topology, schedules)
     routes = routes or Routes(topology)
     buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
     run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, **buffers)
     back_to_back = None
-    if run.work * BACK_TO_BACK <= MAX_WORK // 4:  # else left out: it would take several times as long
+    if run.work * BACK_TO_BACK <= BACK_TO_BACK_WORK:  # else left out: one is all the time allows
         try:
             in_a_row = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize,
                                 iterations=BACK_TO_BACK, compute_s=compute_s, **buffers)
@@ -129,6 +129,9 @@ def predict_schedules(
 # Allreduces the model runs in a row for a run's time per allreduce: the period settles by the
 # third (halving-doubling on bcube,3,1: 3.87, 3.99, 4.04 S/B for 2, 3, 4 in a row).
 BACK_TO_BACK = 4
+# Flow updates the back-to-back run may take (about 3.5 s at 17 µs each): beyond, a prediction
+# gives one allreduce alone (a partitioned ResNet-50 on star,4 took 1.4 s per run of four).
+BACK_TO_BACK_WORK = 200_000
 
 # Path-search steps one prediction may take before it simulates anything: about 15 µs each
 # here (bench/predict_budget.py), so ~15 s at the limit. fattree,8's mesh, 16,256 pairs over

@@ -274,6 +274,9 @@ class _Run:
         self.remaining = dict.fromkeys(range(ranks), self.per_iteration)
         self.exits: list[dict[int, float]] = [{} for _ in range(iterations)]  # iteration → rank → when it left
         self.timers: list[tuple[float, int]] = []  # (time, rank): the rank enters its next iteration then
+        self.dirty = 0  # lowest flow index whose inputs changed since the last update
+        self.admitting: set[int] = set()  # ranks inside _admit, and those asked again meanwhile
+        self.again: set[int] = set()
         self.cursor: dict[tuple[int, int], int] = {}
         self.left: dict[tuple[int, int], int] = {}  # (partition, rank) → sends of its step not written
         self.open: set[tuple[int, int]] = set()  # (partition, rank) started and not done
@@ -316,6 +319,23 @@ class _Run:
 
     # -- program order, credit and iterations ---------------------------------------------
     def _admit(self, rank: int) -> None:
+        """Start the rank's next partitions, as credit and its iteration allow. A partition it
+        has nothing to do in is done at once and admits the next: asked again while at it,
+        it goes round once more instead of recursing (a thousand empty partitions)."""
+        if rank in self.admitting:
+            self.again.add(rank)
+            return
+        self.admitting.add(rank)
+        try:
+            while True:
+                self.again.discard(rank)
+                self._admit_once(rank)
+                if rank not in self.again:
+                    return
+        finally:
+            self.admitting.discard(rank)
+
+    def _admit_once(self, rank: int) -> None:
         queue = self.queue[rank]
         while self.next[rank] < len(queue):
             p = queue[self.next[rank]]
@@ -338,6 +358,7 @@ class _Run:
             self.left[(p, rank)] = len(steps[index])
             for flow in steps[index]:
                 self.live[id(flow)] = flow
+                self.dirty = min(self.dirty, flow.index)
         else:
             self.left[(p, rank)] = 0
             self._maybe_done(p, rank)
@@ -368,6 +389,9 @@ class _Run:
         self.timers = [(at, rank) for at, rank in self.timers if at > self.now]
         for _, rank in due:
             self.entered[rank] += 1
+            for flow in self.live.values():  # what was held for it may be applied now
+                if flow.dst == rank:
+                    self.dirty = min(self.dirty, flow.index)
             self._admit(rank)
 
     def _written(self, flow: Flow) -> None:
@@ -430,16 +454,16 @@ class _Run:
         whole once arrived (math.inf: another flow's event comes first)."""
         if flow.arrived is not None:
             return _reach(flow, flow.hi, memo)
-        start = flow.lo + int(round(flow.gate / flow.itemsize))
-        end = min(start + flow.chunk, flow.hi)
+        # the gate is the lower of what the sender holds and what the receiver takes: wait for
+        # whichever binds to pass the next message boundary beyond it (an earlier guess is safe)
+        at = flow.lo + int(flow.gate // flow.itemsize)
+        end = flow.whole_up(min(flow.hi, at + 1))
+        gate = flow.gate + flow.tolerance
         wait = 0.0
-        for other, lo, hi in flow.send_after:
-            if other.applied < hi and max(other.applied, lo) < end and lo < end:
-                wait = max(wait, _reach(other, min(hi, end), memo))
-        if self._room(flow) < (end - flow.lo) * flow.itemsize - flow.tolerance:  # its receiver is full
-            short = (end - flow.lo) * flow.itemsize - (flow.applied - flow.lo) * flow.itemsize - self.buffer
-            need = min(flow.hi, flow.applied + math.ceil(short / (flow.chunk * flow.itemsize)) * flow.chunk)
-            room = _reach(flow, need, memo)  # it applies enough of what it holds, or
+        if (flow.limit(flow.send_after) - flow.lo) * flow.itemsize <= gate:  # its data is not there
+            wait = max(wait, self._inputs_in(flow, end, memo))
+        if self._room(flow) <= gate:  # its receiver is full: it applies more of what it holds, or
+            room = _reach(flow, flow.whole_up(min(flow.hi, flow.applied + 1)), memo)
             if not flow.held:  # what it waits for to apply the next message gets there
                 ready = 0.0
                 for other, lo, hi in flow.apply_after:
@@ -452,29 +476,42 @@ class _Run:
             wait = max(wait, room)
         return wait
 
+    @staticmethod
+    def _inputs_in(flow: Flow, end: int, memo: dict) -> float:
+        """Seconds until what `flow` forwards is applied at its sender up to `end`."""
+        wait = 0.0
+        for other, lo, hi in flow.send_after:
+            if other.applied < hi and max(other.applied, lo) < end and lo < end:
+                wait = max(wait, _reach(other, min(hi, end), memo))
+        return wait
+
     def run(self) -> float:
         for rank in range(self.ranks):
             self._admit(rank)
         allocated_for: tuple = ()
         stalls = 0
-        while self.live:
+        while self.live or self.timers:
+            if not self.live:  # every rank computes: on to the first that is done
+                self.now = min(at for at, _ in self.timers)
+                self._enter_due()
+                continue
             self.events += 1
-            while True:
+            self.dirty = 0  # every flow's inputs may have changed since the last event
+            while True:  # then only those from the lowest one something happened to (they wait on earlier ones)
                 flows = sorted(self.live.values(), key=lambda f: f.index)
-                self.work += len(flows)
+                part = flows if self.dirty <= 0 else [f for f in flows if f.index >= self.dirty]
+                self.work += len(part)
                 if self.work > self.max_work:
                     raise ModelTooLarge(
                         f"the model re-shared bandwidth {self.events:,} times among up to {len(flows):,} "
                         f"transfers ({self.work:,} flow updates) and is not done: more than the "
                         f"{self.max_work:,} one prediction may take; use fewer servers or a larger message size")
-                if not self._update(flows):
+                self.dirty = len(self.flows)
+                if not self._update(part):
                     break
             if not self.live:
-                if self.timers:  # every rank computes: on to the first that is done
-                    self.now = min(at for at, _ in self.timers)
-                    self._enter_due()
-                    continue
-                break
+                continue
+            flows = sorted(self.live.values(), key=lambda f: f.index)
             ready = [f for f in flows if f.flowing_at is not None and f.flowing_at <= self.now
                      and f.sent < f.gate - f.tolerance]
             active = self._served(ready, flows)
@@ -483,13 +520,15 @@ class _Run:
                 self._allocate(active)
                 allocated_for = key
             moving = {id(f) for f in ready}  # those queued behind another move once it has gone
+            memo: dict = {"send_buffer": self.send_buffer}
             dt = math.inf
             for flow in active:
                 dt = min(dt, (flow.gate - flow.sent) / flow.rate)
                 unsent = flow.size - self.send_buffer - flow.sent
                 if not flow.written and unsent > flow.tolerance:  # its last bytes fit its socket's buffer then
                     dt = min(dt, unsent / flow.rate)
-            memo: dict = {"send_buffer": self.send_buffer}
+                if not flow.written and flow.limit(flow.send_after) < flow.hi:  # or once all of it may leave
+                    dt = min(dt, self._inputs_in(flow, flow.hi, memo))
             for flow in flows:
                 if id(flow) in moving:
                     continue
@@ -518,9 +557,6 @@ class _Run:
                 if flow.arrived is None and flow.sent >= flow.size - flow.tolerance:
                     self._arrived(flow)
             self._enter_due()
-            while not self.live and self.timers:  # every rank computes: on to the first that is done
-                self.now = min(at for at, _ in self.timers)
-                self._enter_due()
         unfinished = [f for f in self.flows if f.finished is None]
         if unfinished:
             f = unfinished[0]

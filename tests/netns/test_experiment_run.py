@@ -99,9 +99,9 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
             assert per_allreduce * iterations <= measured[link] < per_allreduce * iterations * 1.2, link
         # the fidelity verdict: the CPU's headroom measured, and each reason for what it finds
         fidelity = point["fidelity"]
-        assert 0 < fidelity["cpu_idle_share"] < 1 and fidelity["verdict"] in ("ok", "degraded")
-        assert (fidelity["verdict"] == "degraded") == bool(fidelity["reasons"])
-        assert any("measured/predicted" in r for r in fidelity["reasons"]) == (point["ratio"] > 1.10)
+        assert 0 < fidelity["cpu_idle_share"] < 1 and fidelity["verdict"] in ("ok", "degraded", "model off")
+        assert (fidelity["verdict"] != "ok") == bool(fidelity["reasons"])
+        assert any("measured/predicted" in r for r in fidelity["reasons"]) == (not 0.90 <= point["ratio"] <= 1.10)
         assert point["checker"]["clean"] is None  # a back-to-back loop carries no gradient to check
         [event] = point["fault_events"]
         assert event["action"] == "link-degrade" and event["target"] == "h0-sw" and event["error"] is None

@@ -420,3 +420,53 @@ def test_predict_command_refuses_bad_input_in_one_line(args, says):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+# -- what a review of the buffered model found (each failed before its fix) ------------------
+def test_a_rank_with_nothing_to_do_still_enters_every_iteration_after_its_compute():
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 100)
+    schedule.add_step([Transfer(0, 1, 0, 100, "reduce")])  # rank 2 has nothing to do
+    nodes = [s.name for s in star.servers]
+    result = simulate(Routes(star), one_partition(schedule), nodes, Network(8000, efficiency=1.0), 400,
+                      iterations=2, compute_s=0.5)
+    # 400 B at 1000 B/s, 0.5 s of compute, again: every rank left both iterations
+    assert result.seconds == pytest.approx(1.3)
+    assert all(len(exits) == 3 for exits in result.exits)
+
+
+def test_a_partial_message_goes_as_soon_as_its_data_is_there_when_the_buffer_has_room():
+    # receive buffer 300 B, messages of 400 B: 0→2 needs rank 0's [0, 250) from 1 (1 s)
+    # and rank 2's own receive from 3 to be applied; it starts once its data is there (0.4 s,
+    # the first message), not once the buffer has room for a whole one
+    star = make_topology("star", servers=4)
+    schedule = Schedule("by-hand", 4, 500)
+    schedule.add_step([Transfer(1, 0, 0, 250, "reduce"), Transfer(3, 2, 0, 250, "reduce"),
+                       Transfer(3, 1, 250, 250, "reduce")])
+    schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
+    nodes = [s.name for s in star.servers]
+    result = simulate(Routes(star), one_partition(schedule), nodes, Network(8000, efficiency=1.0), 400,
+                      receive_buffer_bytes=300, send_buffer_bytes=0)
+    assert result.flows[-1].flowing_at == pytest.approx(0.4)
+    assert result.seconds == pytest.approx(2.2)
+
+
+def test_a_send_whose_inputs_clear_while_it_flows_is_handed_over_then():
+    # 1→2 forwards [0, 100) of what 0 sends it; it is handed over (a socket of 1 MB) once
+    # that has arrived (0.4 s), and rank 1's next step (1→4) starts then
+    star = make_topology("star", servers=5)
+    schedule = Schedule("by-hand", 5, 600)
+    schedule.add_step([Transfer(0, 1, 0, 200, "reduce"), Transfer(3, 2, 300, 300, "reduce")])
+    schedule.add_step([Transfer(1, 2, 0, 100, "reduce")])
+    schedule.add_step([Transfer(1, 4, 200, 100, "reduce")])
+    nodes = [s.name for s in star.servers]
+    result = simulate(Routes(star), one_partition(schedule), nodes, Network(8000, efficiency=1.0), 100,
+                      send_buffer_bytes=10**6)
+    assert result.flows[-1].flowing_at == pytest.approx(0.4)
+
+
+def test_a_thousand_partitions_a_rank_has_no_part_in_do_not_recurse():
+    star = make_topology("star", servers=4)
+    schedules, nodes = build_schedules(star, "ps", 4000, workers=2, partition_bytes=4)
+    assert len(schedules) == 1000
+    assert simulate(Routes(star), schedules, nodes, IDEAL, 4, iterations=2).seconds > 0
