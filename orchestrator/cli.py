@@ -478,7 +478,7 @@ def predict(
 
     if top < 0:
         raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
-    _check_transport("--transport", transport)
+    chosen = _check_transport("--transport", transport)
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
@@ -486,7 +486,7 @@ def predict(
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
         efficiency=efficiency, latency=parsed("--latency", latency, parse_duration),
-        send_buffer_bytes=transports_lib().get(transport).send_buffer,
+        send_buffer_bytes=chosen.send_buffer,
     )
     cpu = _cpu_need(report.prediction, spec, transport)
     if as_json:
@@ -502,19 +502,14 @@ def predict(
                       soft_wrap=True)
 
 
-def _check_transport(flag: str, name: str) -> None:
+def _check_transport(flag: str, name: str):
+    """The transport `name` (agent/transports), or BadUsage naming `flag`."""
     from orchestrator.agent import transports
 
     try:
-        transports.get(name)
+        return transports.get(name)
     except ValueError as exc:
         raise BadUsage(f"{flag}: {exc}") from None
-
-
-def transports_lib():
-    from orchestrator.agent import transports
-
-    return transports
 
 
 def calibrate_lib():

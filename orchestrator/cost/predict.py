@@ -15,7 +15,6 @@ from orchestrator.cost.simulate import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_RECEIVE_BUFFER_BYTES,
     DEFAULT_SEND_BUFFER_BYTES,
-    MAX_WORK,
     ModelTooLarge,
     simulate,
 )
@@ -52,8 +51,8 @@ class Prediction:
 
     @property
     def algbw(self) -> float:
-        """Bytes per second, NCCL-tests' definition: S / t."""
-        return self.size_bytes / self.seconds if self.seconds > 0 else float("inf")
+        """Bytes per second, NCCL-tests' definition: S / t, of the time a run measures (per_run)."""
+        return self.size_bytes / self.per_run if self.per_run > 0 else float("inf")
 
     @property
     def busbw(self) -> float:

@@ -151,10 +151,6 @@ class Flow:
         from there written."""
         return min(self.limit(self.apply_after), self.limit(self.written_after, "handed"))
 
-    def done_to(self) -> int:
-        """Element offset up to which its messages have been applied."""
-        return self.applied
-
 
 def _reach(flow: Flow, offset: int, memo: dict, depth: int = 0) -> float:
     """Seconds until `flow` is applied up to `offset` at the current rates: math.inf when
@@ -431,8 +427,7 @@ class _Run:
             flow.gate = max(flow.sent, min((clear - flow.lo) * flow.itemsize, self._room(flow)))
             if flow.flowing_at is None and flow.gate > 0:
                 flow.flowing_at = self.now + flow.lead
-            if (not flow.written and clear >= flow.hi and flow.size - flow.sent <= self.send_buffer + flow.tolerance) or \
-                    (flow.applied >= flow.hi and flow.arrived is not None):
+            if (not flow.written and flow.handed >= flow.hi) or (flow.applied >= flow.hi and flow.arrived is not None):
                 changed.append(flow)
         for flow in changed:
             if not flow.written:

@@ -33,7 +33,6 @@ from orchestrator.collectives.membership import reform
 from orchestrator.collectives.partition import partitions
 from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.cost.routes import Routes
-from orchestrator.cost.simulate import DEFAULT_SEND_BUFFER_BYTES
 from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import TestbedError
 from orchestrator.runner.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
@@ -336,8 +335,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     chunk_bytes = how.chunk_bytes or default_chunk_bytes(schedules, credit_bytes, transport=how.transport)
     nodes, in_lab = _rank_nodes(ctx, endpoints, ranks)
     network = how.network
-    predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes,
-                                    send_buffer_bytes=transports.get(how.transport).send_buffer)
+    send_buffer = transports.get(how.transport).send_buffer  # what the model counts as handed over
+    predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, send_buffer)
     span.predicted = predicted
     paced = predicted is not None and how.pace and in_lab
     # in a lab, each connection paced at its fair share (agent/pacing.py says why)
@@ -378,8 +377,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
             wanted = {(nodes[t.src], routes.address(nodes[t.dst], t.nic))
                       for _, schedule in schedules for _, t in schedule.transfers() if nodes[t.src] != nodes[t.dst]}
             routes = Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths, wanted), ctx.topology))
-            predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, routes,
-                                       transports.get(how.transport).send_buffer)
+            predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, send_buffer, routes)
             span.predicted = predicted
             if paced:
                 repaced = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes),
@@ -623,8 +621,8 @@ def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = Non
 
 
 def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | None, chunk_bytes: int,
-                credit_bytes: int, routes: Routes | None = None,
-                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES) -> tuple[Prediction | None, Routes | None]:
+                credit_bytes: int, send_buffer_bytes: int,
+                routes: Routes | None = None) -> tuple[Prediction | None, Routes | None]:
     """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
     servers; more with many partitions), rank r on `nodes[r]`, and the routes it mapped the
     transfers onto (the fair shares the agents pace at use them again)."""
