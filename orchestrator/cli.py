@@ -457,7 +457,8 @@ def predict(
     partition_bytes: Optional[str] = typer.Option(None, help="ByteScheduler partitions of at most this size"),
     credit_bytes: Optional[str] = typer.Option(None, help="bytes of partitions in flight per rank (default: all)"),
     bandwidth: Optional[str] = typer.Option(None, help="override links.bandwidth, e.g. 100Mbit"),
-    latency: str = typer.Option("0us", help="α: per-message latency, e.g. 50us"),
+    latency: str = typer.Option("measured", help="α: per-message latency, e.g. 50us; 'measured': as measured "
+                                "on this lab (testbed calibrate, or a run), else 0"),
     efficiency: Optional[float] = typer.Option(None, help="payload share of a link (default: TCP's at the MTU, 0.956 at 1500)"),
     top: int = typer.Option(8, help="busiest link directions to list (0: none)"),
     transport: str = typer.Option("tcp", help="the agents' transport (tcp, grpc): its chunks and CPU cost"),
@@ -480,14 +481,18 @@ def predict(
         raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
     chosen = _check_transport("--transport", transport)
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
+    alpha, note = _measured_latency(spec, transport) if latency == "measured" else \
+        (parsed("--latency", latency, parse_duration), None)
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
         partition_bytes=parsed("--partition-bytes", partition_bytes, parse_size),
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
-        efficiency=efficiency, latency=parsed("--latency", latency, parse_duration),
+        efficiency=efficiency, latency=alpha,
         send_buffer_bytes=chosen.send_buffer,
     )
+    if note:  # once the prediction stands: bad input stays one line
+        err.print(Text(note), highlight=False, soft_wrap=True)
     cpu = _cpu_need(report.prediction, spec, transport)
     if as_json:
         document = report.to_json()
@@ -500,6 +505,19 @@ def predict(
         if cpu is not None:
             out.print(Text(cpu if isinstance(cpu, str) else calibrate_lib().describe(cpu)), highlight=False,
                       soft_wrap=True)
+
+
+def _measured_latency(spec, transport: str) -> tuple[float, str | None]:
+    """α as measured on the lab `spec` over `transport`, else 0 and a line saying so."""
+    lib = calibrate_lib()
+    try:
+        alpha = lib.latency_for(spec, transport)
+    except lib.NotCalibrated as exc:
+        return 0.0, f"warning: α left out: {exc}"
+    if alpha is None:
+        return 0.0, (f"note: α not measured on {lib.lab_key(spec)} over {transport}: left out (measure it with "
+                     "`testbed calibrate --latency-only --lab ...`, or give --latency)")
+    return alpha, None
 
 
 def _check_transport(flag: str, name: str):
@@ -539,24 +557,48 @@ def _cpu_need(prediction, lab_spec, transport: str):
 @app.command()
 def calibrate(
     transports_: str = typer.Option("tcp,grpc", "--transports", help="agent transports to measure, comma-separated"),
+    labs: List[str] = typer.Option([], "--lab", help="also measure α (per-message latency) on this lab, e.g. "
+                                   "bcube,2,1 (repeatable); `testbed run` measures a lab it has not seen itself"),
+    latency_only: bool = typer.Option(False, "--latency-only", help="measure α only (on --lab, else star,4), "
+                                      "not the CPU per byte"),
 ) -> None:
-    """Measure what an emulated byte costs this machine's CPU (kernel and agents) and keep it
-    for `predict` and `run` (root; a star,4 netns lab for ~1 minute; on a quiet machine)."""
+    """Measure what an emulated byte costs this machine's CPU (kernel and agents) and what a
+    message costs the agents in time (α), and keep both for `predict` and `run` (root; a
+    star,4 netns lab for ~1 minute; on a quiet machine)."""
     import os
+
+    from orchestrator.spec import lab_from_argument
 
     names = [t for t in transports_.split(",") if t]
     for name in names:
         _check_transport("--transports", name)
     if not names:
         raise BadUsage("--transports: name at least one, e.g. tcp")
+    for lab in labs:
+        try:
+            lab_from_argument(lab, name="calibrate-alpha", **{"servers.runtime": "netns"})
+        except (TestbedError, ValueError) as exc:
+            raise BadUsage(f"--lab {lab}: {exc}") from None
     if os.geteuid() != 0:
         raise BadUsage("testbed calibrate needs root to build its lab (sudo)")
     lib = calibrate_lib()
-    calibration = lib.measure(names, progress=lambda what: err.print(Text(f"calibrate: {what}"), highlight=False))
-    where = lib.save(calibration)
-    out.print(Text(f"kernel: {calibration.hop * 1e9:.3f} core-s per GB and link direction; " + "; ".join(
-        f"agents over {t}: {v * 1e9:.3f} core-s per GB sent beyond it" for t, v in calibration.agent.items())
-        + f"; {calibration.cores} cores. Kept in {where}"), highlight=False, soft_wrap=True)
+
+    def progress(what: str) -> None:
+        err.print(Text(f"calibrate: {what}"), highlight=False, soft_wrap=True)
+
+    if not latency_only:
+        calibration = lib.measure(names, progress=progress)
+        where = lib.save(calibration)
+        out.print(Text(f"kernel: {calibration.hop * 1e9:.3f} core-s per GB and link direction; " + "; ".join(
+            f"agents over {t}: {v * 1e9:.3f} core-s per GB sent beyond it" for t, v in calibration.agent.items())
+            + f"; {calibration.cores} cores. Kept in {where}"), highlight=False, soft_wrap=True)
+    for lab in labs or ([lib.LAB] if latency_only else []):
+        lib.measure_lab_latency(lab, names, progress=progress)
+    kept = lib.load_latency()
+    for key, by_transport in sorted(kept.items()):
+        for transport, measured in sorted(by_transport.items()):
+            out.print(Text(f"α on {key} over {transport}: {lib.describe_latency(measured)}"), highlight=False,
+                      soft_wrap=True)
 
 
 # -- deploy -----------------------------------------------------------------------------------
@@ -806,6 +848,21 @@ def _plan_needs(plan):
         return f"CPU: not known: {exc.args[0]}"
 
 
+def _latency_lines(plan) -> list[str]:
+    """Per lab, the α its predictions carry and where it comes from."""
+    from orchestrator.experiment.plan import latency_of
+
+    lib, transport, lines = calibrate_lib(), plan.spec.agents.transport, []
+    for variant in plan.variants:
+        alpha = latency_of(plan.spec, variant.lab)
+        where = f"{variant.lab.name} ({lib.lab_key(variant.lab)})"
+        lines.append(f"α on {where} over {transport}: {alpha * 1e6:,.0f} µs per message, as measured on it"
+                     if alpha is not None else
+                     f"α on {where} over {transport}: not measured yet, so left out here: the run measures it "
+                     "before its first point (or `testbed calibrate --latency-only --lab ...`)")
+    return lines
+
+
 def _print_plan(plan, needs=None) -> None:
     spec = plan.spec
     out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "
@@ -826,6 +883,8 @@ def _print_plan(plan, needs=None) -> None:
                       calibrate_lib().rate_floor(cpu.max_rate))
         table.add_row(*(Text(cell) for cell in cells))
     _print_whole(table)
+    for line in _latency_lines(plan):
+        out.print(Text(line), highlight=False, soft_wrap=True)
     if plan.auto_rate is not None:
         from orchestrator.units import format_rate
 

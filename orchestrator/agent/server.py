@@ -206,10 +206,14 @@ class Agent:
             # apart for several back-to-back iterations (16 ranks of a mesh, started as the
             # Start calls arrived, drifted 0.4-0.8 s apart and took 7 iterations to settle)
             await asyncio.sleep(min(MAX_START_WAIT, max(0.0, start_at - time.time())))
+            synced = None  # when the last allreduce ended: what the rank did since is its compute
             for iteration in range(config.first_iteration, config.first_iteration + config.iterations):
                 self.iteration = iteration
                 timed_loop = back_to_back and iteration > 0  # after the warm-up: no refill (see workloads)
-                started = time.perf_counter()
+                # compute is the time between a rank's synchronisations: the last result's use
+                # (a model's step and digest, the sum's check) counts as much as the next
+                # gradient (the digits MLP's step and digest took as long as its gradient)
+                started = time.perf_counter() if synced is None else synced
                 loss = 0.0
                 if not worker:
                     engine.buffer[:] = 0
@@ -232,7 +236,8 @@ class Agent:
                 sent, received = engine.sent, engine.received
                 wall, begin = time.time(), time.perf_counter()
                 await engine.allreduce(iteration)
-                gst = time.perf_counter() - begin
+                synced = time.perf_counter()
+                gst = synced - begin
                 record = pb.IterationRecord(
                     iteration=iteration, gst_seconds=gst, compute_seconds=compute_s,
                     bytes_sent=engine.sent - sent, bytes_received=engine.received - received,

@@ -179,7 +179,8 @@ class DigitsMLP:
 
 
 async def compute(spec: dict, started: float) -> None:
-    """Emulated compute: wait out whatever of `compute_seconds` the gradient fill did not use."""
+    """Emulated compute: wait out whatever of `compute_seconds` the rank's work since its last
+    synchronisation (checking its result, filling the next gradient) did not use."""
     seconds = spec.get("compute_seconds", 0.0)
     left = seconds - (time.perf_counter() - started)
     if left > 0:

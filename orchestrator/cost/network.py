@@ -24,8 +24,10 @@ def tcp_efficiency(mtu: int) -> float:
 class Network:
     """Every link direction carries `bandwidth` bits/s, of which `efficiency` is payload.
 
-    latency: α, seconds a transfer waits once its first message is ready (software and
-             per-message overhead) before its bytes flow.
+    latency: α, seconds the agents spend on a message before its bytes flow (software,
+             on a CPU that every agent shares): a rank's j-th transfer of a step waits
+             (j + 1)·α once its first chunk is ready. Measured per lab and transport
+             (experiment/calibrate.py: `testbed calibrate`, or a run's first minutes).
     delay:   one-way seconds per link (netem's delay): a transfer also waits its path's delay.
     """
 

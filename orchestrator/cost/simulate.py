@@ -17,8 +17,10 @@ What it honours, as agent/engine.py and the kernel's sockets do:
   the last and has computed `compute_s`; so one rank's next iteration overlaps another's
   last, as in a run (traces of halving-doubling on nine ranks: the seven that take no part
   in its first and last step start the next iteration a gradient's time early);
-- every transfer waits α (per-message latency) plus its path's link delay once its first
-  chunk may leave, then streams.
+- every transfer waits α per message its sender has written in the step so far, its own
+  included (the j-th transfer a rank sends in a step waits (j + 1)·α: the agents handle a
+  step's messages one after another on a busy CPU), plus its path's link delay, once its
+  first chunk may leave; then it streams.
 
 What it leaves out, on purpose: TCP's slow start and losses, and the CPU. The max-min
 split is what the agents pace their connections at (shares.py): TCP alone does not reach it
@@ -89,7 +91,7 @@ class Flow:
     chunk: int  # elements per message
     itemsize: int
     connection: int
-    lead: float  # seconds from its first clear chunk to its first byte: α + path delay
+    lead: float  # seconds from its first clear chunk to its first byte: (j + 1)·α + path delay
     index: int = 0  # creation order: every transfer it waits for comes earlier
     send_after: list = field(default_factory=list)  # (flow, lo, hi): applied at the sender first
     apply_after: list = field(default_factory=list)  # receives at the receiver: applied first
@@ -289,14 +291,17 @@ class _Run:
         written: dict[int, Ranges] = {}  # rank → sends by range since its latest receive there
         for step_no, step in enumerate(schedule.steps):
             flows = []
+            sent_before: dict[int, int] = {}  # rank → its transfers earlier in this step
             for t in step:
+                position = sent_before.get(t.src, 0)
+                sent_before[t.src] = position + 1
                 usage, hops = routes.usage(nodes[t.src], nodes[t.dst], t.nic)
                 key = (t.src, routes.address(nodes[t.dst], t.nic))
                 connection = self.connections.setdefault(key, len(self.connections))
                 if connection == len(self.usage):
                     self.usage.append(usage)
                 flow = Flow(p, step_no, t.src, t.dst, t.offset, t.end, chunk, itemsize, connection,
-                            network.latency + network.delay * hops, len(self.flows) + len(flows))
+                            network.latency * (position + 1) + network.delay * hops, len(self.flows) + len(flows))
                 flow.send_after = received.setdefault(t.src, Ranges()).touching(t.offset, t.end)
                 flow.apply_after = received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
                 flow.written_after = written.setdefault(t.dst, Ranges()).touching(t.offset, t.end)

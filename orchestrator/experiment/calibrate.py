@@ -1,10 +1,20 @@
-"""`testbed calibrate`: what an emulated byte costs this machine's CPU, measured, and kept.
+"""`testbed calibrate`: what an emulated byte costs this machine's CPU, and what a message
+costs the agents in time (α), measured, and kept.
 
 On a star of 4 netns servers at 1 Gbit (fast enough that the CPU, not the link, is what a
 second costs): the kernel alone, with iperf3 flows in a ring's pattern (each server to the
 next, at once), then the agents' ring over each transport, back to back. Busy core-seconds
 come from /proc/stat around each; cost/cpu.py says how they become a run's CPU need.
 The machine should be quiet: what else runs is charged to the bytes.
+
+α (the model's per-message latency, cost.Network.latency) is measured per lab and transport:
+a zero-byte ring over every server of the lab, back to back (every agent busy at once, as in
+a run: on a machine with fewer cores than servers, the agents' per-message work queues for
+the CPU), and α is what makes the model's time for that ring equal the measured one
+(cost/latency.py). A ping-pong between two servers (a ring of two) is kept beside it: the
+cost of a message on a quiet pair. `testbed calibrate` measures star,4 and any `--lab`;
+`testbed run` measures a lab it has not seen before its first point, so that its
+predictions carry the α of the lab they are held against (latency.json).
 """
 
 from __future__ import annotations
@@ -28,6 +38,11 @@ IPERF_SECONDS = 4
 AGENT_MBYTES = 32
 AGENT_ITERATIONS = 6
 FILE = "calibration.json"
+LATENCY_FILE = "latency.json"
+LATENCY_ITERATIONS = 60  # back to back; the first LATENCY_WARMUP open connections and are left out
+LATENCY_WARMUP = 10
+LATENCY_ELEMENTS_PER_RANK = 16  # 64 bytes a rank: the bytes' own time is noise beside α
+_MAX_LATENCY_FILE = 256 * 1024
 
 
 class NotCalibrated(TestbedError):
@@ -105,10 +120,160 @@ def measure(transports: list[str], progress: Callable[[str], None] = lambda _: N
                 spent = _busy_core_seconds(before, _cpu())
                 sent = sum(r.bytes_sent for res in result.results for r in res.records)
                 agent[transport] = max(0.0, spent / sent - 2 * hop)
+            _latencies(lab, endpoints, transports, progress)
         finally:
             lab_agents.stop(endpoints)
     return Calibration(os.cpu_count() or 1, hop, agent, float(spec.links.bandwidth),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"), _machine())
+
+
+def lab_key(lab) -> str:
+    """A lab spec's name in latency.json: its topology and runtime (`bcube-2-1 netns`)."""
+    from orchestrator.experiment.sweep import LabVariant
+
+    return f"{LabVariant(0, lab).topology} {lab.servers.runtime}"
+
+
+def load_latency() -> dict[str, dict[str, dict[str, float]]]:
+    """{lab key: {transport: {"alpha_s", "pingpong_s", ...}}} as kept (a file read back:
+    checked, NotCalibrated naming the field)."""
+    where = state_root() / LATENCY_FILE
+    try:
+        if where.stat().st_size > _MAX_LATENCY_FILE:
+            raise ValueError(f"larger than {_MAX_LATENCY_FILE} bytes")
+        raw = json.loads(where.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise NotCalibrated(f"{where}: unreadable ({exc}): remove it, or run `testbed calibrate` again") from None
+    try:
+        return _checked_latency(raw)
+    except ValueError as exc:
+        raise NotCalibrated(f"{where}: {exc}: remove it, or run `testbed calibrate` again") from None
+
+
+def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
+    labs = raw.get("labs") if isinstance(raw, dict) else None
+    if not isinstance(labs, dict):
+        raise ValueError("labs: expected an object of lab: {transport: {alpha_s, pingpong_s}}")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, by_transport in labs.items():
+        if not isinstance(by_transport, dict) or len(key) > 200:
+            raise ValueError(f"labs.{key[:200]}: expected an object of transport: {{alpha_s, pingpong_s}}")
+        for transport, values in by_transport.items():
+            where = f"labs.{key}.{transport[:50]}"
+            if not isinstance(values, dict):
+                raise ValueError(f"{where}: expected an object")
+            checked = {}
+            for name in ("alpha_s", "pingpong_s", "allreduce_s"):
+                value = values.get(name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
+                    raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
+                checked[name] = float(value)
+            out.setdefault(key, {})[transport] = checked
+    return out
+
+
+def latency_for(lab, transport: str) -> float | None:
+    """The α kept for `lab` (a LabSpec) over `transport`, None when it was not measured."""
+    kept, key = load_latency(), lab_key(lab)
+    measured = kept.get(key, {}).get(transport)
+    if measured is None:  # the same topology under the other runtime: the agents' work is the same
+        topology = key.rsplit(" ", 1)[0]
+        measured = next((by[transport] for other, by in sorted(kept.items())
+                         if other.rsplit(" ", 1)[0] == topology and transport in by), None)
+    return None if measured is None else measured["alpha_s"]
+
+
+def save_latency(lab, transport: str, measured: dict[str, float]) -> Path:
+    """Keep `measured` (measure_latency's) for `lab` and `transport`, beside what is kept."""
+    try:
+        kept = load_latency()
+    except NotCalibrated:
+        kept = {}  # unreadable: measured anew, so written anew
+    kept.setdefault(lab_key(lab), {})[transport] = dict(measured)
+    root = state_root()
+    root.mkdir(parents=True, exist_ok=True)
+    write_inside(root, LATENCY_FILE, json.dumps({"labs": kept}, indent=1, sort_keys=True) + "\n")
+    return root / LATENCY_FILE
+
+
+def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
+    """α on `lab` over `transport` with its running agents `endpoints` (one per server): a
+    zero-byte ring over all of them, and a ping-pong between the first two, each back to
+    back; each fitted to the model (cost/latency.py). {"alpha_s", "pingpong_s", "allreduce_s"}."""
+    import dataclasses
+
+    from orchestrator.collectives.context import Context
+    from orchestrator.cost import Network
+    from orchestrator.cost.latency import fit_alpha
+    from orchestrator.cost.predict import predict_schedules
+    from orchestrator.agent import transports
+    from orchestrator.agent.plan import chunk_bytes
+    from orchestrator.collectives import registry
+    from orchestrator.collectives.partition import partitions
+    from orchestrator.experiment.results import sync_times
+    from orchestrator.runner import driver, lab_agents, workloads
+
+    if len(endpoints) < 2:
+        raise ValueError("α needs at least two servers to send between")
+    links = Network.from_links(lab.spec.links)
+    send_buffer = transports.get(transport).send_buffer
+
+    def timed(eps: list) -> tuple[float, float]:
+        eps = [dataclasses.replace(e, rank=i, role="worker") for i, e in enumerate(eps)]
+        nodes = tuple(e.node for e in eps)
+        elements = LATENCY_ELEMENTS_PER_RANK * len(eps)
+        ctx = Context(len(eps), lab.topology, nodes, {})
+        result = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]),
+                            iterations=LATENCY_ITERATIONS, ctx=ctx, network=links,
+                            flow_paths=lab_agents.flow_paths(lab, transport), transport=transport)
+        sync = sync_times(result.records())[LATENCY_WARMUP:]
+        measured = sum(sync) / len(sync)
+        schedules = registry.schedules("ring", ctx, elements, partitions([elements], None))
+        chunk = chunk_bytes(schedules, transport=transport)
+
+        def model(alpha: float) -> float:
+            network = dataclasses.replace(links, latency=alpha)
+            return predict_schedules(lab.topology, schedules, list(nodes), network, chunk,
+                                     send_buffer_bytes=send_buffer).per_run
+
+        return fit_alpha(model, measured), measured
+
+    alpha, allreduce = timed(list(endpoints))
+    pingpong, _ = timed(list(endpoints[:2]))
+    return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce}
+
+
+def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:
+    for transport in transports:
+        progress(f"α: zero-byte ring and ping-pong over {transport}")
+        measured = measure_latency(lab, endpoints, transport)
+        save_latency(lab.spec, transport, measured)
+        progress(f"α over {transport} on {lab_key(lab.spec)}: {describe_latency(measured)}")
+
+
+def describe_latency(measured: dict[str, float]) -> str:
+    return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message with every agent busy "
+            f"({measured['pingpong_s'] * 1e6:,.0f} µs on a quiet pair)")
+
+
+def measure_lab_latency(argument: str, transports: list[str], progress: Callable[[str], None] = lambda _: None) -> str:
+    """Bring up the lab `argument` names (netns), measure α on it over each transport, keep
+    it, take the lab down. Its key in latency.json."""
+    from orchestrator.emulation import Lab
+    from orchestrator.runner import lab_agents
+    from orchestrator.spec import lab_from_argument
+
+    spec = lab_from_argument(argument, name="calibrate-alpha", **{"servers.runtime": "netns"})
+    progress(f"lab {argument}")
+    with Lab.up(spec) as lab:
+        endpoints = lab_agents.start(lab)
+        try:
+            _latencies(lab, endpoints, transports, progress)
+        finally:
+            lab_agents.stop(endpoints)
+    return lab_key(spec)
 
 
 def _machine() -> str:

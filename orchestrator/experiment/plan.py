@@ -115,10 +115,23 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
                         f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
 
 
-def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: int | None = None) -> PlannedPoint:
+def latency_of(spec: ExperimentSpec, lab: LabSpec) -> float | None:
+    """The α measured on `lab` over the experiment's transport (experiment/calibrate.py), or
+    None: not measured yet (a run measures it before its first point)."""
+    from orchestrator.experiment import calibrate
+
+    try:
+        return calibrate.latency_for(lab, spec.agents.transport)
+    except calibrate.NotCalibrated:
+        return None
+
+
+def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: int | None = None,
+                  latency: float | None = None) -> PlannedPoint:
     """The point's layout and prediction, as the driver will build them; SpecError naming
     the point if its algorithm cannot run there, or if it would not fit `memory` bytes (the
-    host's available memory, when known)."""
+    host's available memory, when known). `latency`: α (default: as measured on the lab,
+    `latency_of`, else 0)."""
     ranks = layout(point, source)
     tensors = workloads.tensors(point.workload)
     check_memory(spec, point, tensors, ranks, source, memory)
@@ -134,7 +147,9 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             raise ValueError(f"it needs {schedules[0][1].ranks} agents (workers and parameter servers), the lab "
                              f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
         prediction = predict_schedules(
-            topology_of(point.lab), schedules, list(ranks.nodes), Network.from_links(point.lab.links),
+            topology_of(point.lab), schedules, list(ranks.nodes),
+            Network.from_links(point.lab.links, latency=latency if latency is not None else
+                               latency_of(spec, point.lab) or 0.0),
             chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes,
             send_buffer_bytes=transports.get(spec.agents.transport).send_buffer,
             compute_s=getattr(point.workload, "compute", 0.0))

@@ -24,11 +24,10 @@ import grpc
 
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator.cost import Network
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
-from orchestrator.experiment import snapshot, verdict, workloads
-from orchestrator.experiment.plan import Plan, PlannedPoint, context, topology_of
+from orchestrator.experiment import calibrate, snapshot, verdict, workloads
+from orchestrator.experiment.plan import Plan, PlannedPoint, context, latency_of, predict_point, topology_of
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
@@ -63,7 +62,8 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         # what the run's time per synchronisation is held against: one allreduce of a run of them
         "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
                       "algbw_bytes_per_s": prediction.algbw,
-                      "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes},
+                      "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes,
+                      "latency_s": prediction.network.latency},
         "fault_events": [],
     }
 
@@ -161,6 +161,7 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
                                                               "started": time.time()}
             progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
         endpoints = _deploy(lab, spec.agents.via, progress)
+        points = _with_latency(plan, variant, points, lab, endpoints, entries, progress)
         for planned in points:
             entry = entries[planned.point.id]
             faulted = _run_point(plan, planned, lab, endpoints, entry, progress)
@@ -188,6 +189,33 @@ def _deploy(lab, via: str, progress: Progress) -> list[driver.Endpoint]:
     deployment = deploy(lab, via=via, progress=lambda stage, done, total: progress(
         "deploy", f"{lab.name}: {stage}", done, total))
     return deployment.endpoints
+
+
+def _with_latency(plan: Plan, variant: LabVariant, points: list[PlannedPoint], lab, endpoints: list[driver.Endpoint],
+                  entries: dict, progress: Progress) -> list[PlannedPoint]:
+    """The points, predicted with α as measured on this lab: measured now (a zero-byte ring
+    and a ping-pong, a few seconds) and kept if this machine has not measured it before, and
+    the results' predictions made again with it. A lab α could not be measured on keeps the
+    points as planned (α 0), and says so."""
+    transport = plan.spec.agents.transport
+    if latency_of(plan.spec, variant.lab) is not None:
+        return points
+    progress("latency", f"{lab.name}: measuring α over {transport}", 0, 1)
+    try:
+        measured = calibrate.measure_latency(lab, endpoints, transport)
+    except (driver.RunError, ValueError) as exc:
+        progress("latency", f"{lab.name}: α not measured ({exc}): predictions leave latency out", 1, 1)
+        return points
+    try:
+        calibrate.save_latency(variant.lab, transport, measured)
+        kept = "kept"
+    except TestbedError as exc:  # used all the same; measured again next time
+        kept = f"not kept: {exc}"
+    progress("latency", f"{lab.name}: α {calibrate.describe_latency(measured)}, {kept}", 1, 1)
+    again = [predict_point(plan.spec, p.point, "experiment", latency=measured["alpha_s"]) for p in points]
+    for planned in again:
+        entries[planned.point.id]["predicted"] = point_entry(plan.spec, planned)["predicted"]
+    return again
 
 
 def ranked(endpoints: list[driver.Endpoint], planned: PlannedPoint) -> list[driver.Endpoint]:
@@ -227,7 +255,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                 iterations=spec.iterations, ctx=context(point, planned.layout),
                                 partition_bytes=point.partitioning.partition_bytes,
                                 credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
-                                network=Network.from_links(lab.spec.links), link_state=lab.link_up,
+                                network=planned.prediction.network, link_state=lab.link_up,
                                 flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
                                 rejoin=rejoiner, transport=spec.agents.transport)
     except driver.RunError as exc:

@@ -22,6 +22,10 @@ def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_ne
     assert 0 < kept["hop_core_s_per_gb"] < 100
     agent = kept["agent_core_s_per_gb"]
     assert set(agent) == {"tcp", "grpc"} and all(0 <= v < 100 for v in agent.values())
+    # α per transport on the calibration lab, kept where runs and predictions read it
+    alpha = json.loads((tmp_path / "latency.json").read_text())["labs"]["star-4 netns"]
+    assert set(alpha) == {"tcp", "grpc"} and all(0 < a["alpha_s"] < 0.1 and a["pingpong_s"] > 0 for a in alpha.values())
+    assert "α on star-4 netns over tcp" in done.stdout
     predicted = _testbed("predict", "star,8", "-a", "ring", "--bandwidth", "100Mbit", "--json", state=tmp_path)
     assert predicted.returncode == 0, predicted.stderr
     cpu = json.loads(predicted.stdout)["cpu"]

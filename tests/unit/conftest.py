@@ -42,3 +42,18 @@ def make_topology(kind: str, data: str | None = None, links: str | None = None, 
 def topo():
     """`topo("bcube", n=4, k=1)` -> Topology; optional data=/links= pools as CIDR strings."""
     return make_topology
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_state_directory(tmp_path_factory):
+    """Pure tests read no state this machine kept (its calibration, the α measured on its
+    labs): a prediction here is the same on every machine."""
+    import os
+
+    before = os.environ.get("TESTBED_STATE")
+    os.environ["TESTBED_STATE"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if before is None:
+        os.environ.pop("TESTBED_STATE", None)
+    else:
+        os.environ["TESTBED_STATE"] = before

@@ -1,0 +1,51 @@
+"""α measured where it is used: `testbed run` on a lab this machine has not measured first
+measures the agents' per-message latency on it (a zero-byte ring and a ping-pong), keeps it,
+predicts with it, and a later dry run reads it back. On the digits experiment, whose
+synchronisations take milliseconds, that is most of the predicted time. Labs are ex-…"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.emulation import cleanup
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = [sys.executable, "-m", "orchestrator.cli"]
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    where = tmp_path / "state"
+    monkeypatch.setenv("TESTBED_STATE", str(where))  # this test's own: nothing measured before
+    yield where
+    cleanup.clean_lab("ex-digits")
+
+
+def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path, state):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "TESTBED_STATE": str(state)}
+    out = tmp_path / "digits"
+    done = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stdout)
+    assert "measuring α over tcp" in done.stderr
+    kept = json.loads((state / "latency.json").read_text())["labs"]["bcube-2-1 netns"]["tcp"]
+    assert 0 < kept["pingpong_s"] and 0 < kept["alpha_s"] < 0.1 and kept["allreduce_s"] > 6 * kept["alpha_s"] * 0.5
+    results = json.loads((out / "results.json").read_text())
+    for point in results["points"]:
+        assert point["status"] == "done" and point["checker"]["clean"] is True, point["id"]
+        predicted = point["predicted"]
+        assert predicted["latency_s"] == kept["alpha_s"]
+        # every step of every algorithm here pays α at least once, and α is most of the time
+        assert predicted["seconds"] > 4 * kept["alpha_s"]
+        assert point["ratio"] == pytest.approx(point["sync_s"]["fault_free_mean"] / predicted["seconds"])
+    again = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--dry-run"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message, as measured on it" in again.stdout
