@@ -10,7 +10,8 @@ default transport, paced as `testbed run` paces them). Sizes: 64 KiB, 4 MiB, 25 
 point runs `--warmup` + `--iterations` allreduces back to back; measured is the time per
 synchronisation the experiment runner reports (experiment/results.py sync_times: from the
 slowest agent's end of one allreduce to its end of the next), predicted the model's for the
-very same schedules run back to back (Prediction.per_run). Where torch is installed, gloo's
+very same schedules run back to back (Prediction.per_run), with α as measured on the lab
+(kept in latency.json; measured first if it was not, as `testbed run` does). Where torch is installed, gloo's
 own allreduce runs on star,8 beside ours, against the model's ring.
 
 Prints a table, then one JSON line per point; exits 1 if any ratio leaves [0.90, 1.10].
@@ -19,6 +20,7 @@ Prints a table, then one JSON line per point; exits 1 if any ratio leaves [0.90,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -29,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.agent_dataplane import cpu_counters, gloo_ring  # noqa: E402
 from orchestrator import units  # noqa: E402
+from orchestrator.agent import transports  # noqa: E402
+from orchestrator.experiment import calibrate  # noqa: E402
 from orchestrator.collectives import registry  # noqa: E402
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
@@ -43,6 +47,7 @@ BAND = (0.90, 1.10)
 LABS = (("star,8", "200Mbit"), ("bcube,3,1", "100Mbit"), ("torus,3,2", "100Mbit"), ("fattree,4", "50Mbit"),
         ("bigraph,4,2", "100Mbit"))
 SIZES = ("64KiB", "4MiB", "25MiB")
+SMALL = 2**20  # bytes: below, a point runs ten times the iterations
 OPTIONS = {"ps": {"colocated": True}}  # every server a worker and a shard's server
 
 
@@ -87,21 +92,38 @@ def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterati
             "cpu_idle": round((after[1] - before[1]) / max(1, after[0] - before[0]), 2)}
 
 
+def with_alpha(lab, endpoints, network: Network) -> Network:
+    """`network` with α as this machine measured it on the lab (as `testbed run` does: kept
+    in latency.json, measured now if it was not)."""
+    transport = transports.DEFAULT
+    kept = calibrate.latency_for(lab.spec, transport)
+    if kept is None:
+        measured = calibrate.measure_latency(lab, endpoints, transport)
+        calibrate.save_latency(lab.spec, transport, measured)
+        kept = calibrate.Latency(measured["alpha_s"], measured["cores"])
+        print(f"  α measured: {calibrate.describe_latency(measured)}", file=sys.stderr, flush=True)
+    else:
+        print(f"  α as kept: {kept.alpha * 1e6:,.0f} µs, {kept.cores} cores", file=sys.stderr, flush=True)
+    return dataclasses.replace(network, latency=kept.alpha, cores=kept.cores)
+
+
 def run_lab(shorthand: str, rate: str, sizes: list[int], only: set[str], iterations: int, warmup: int,
             gloo: bool) -> list[dict]:
     name = "acc-" + shorthand.split(",")[0]
     spec = lab_from_argument(shorthand, name=name, **{"servers.runtime": "netns", "links.bandwidth": rate})
-    network = Network.from_links(spec.links)
     rows = []
     with Lab.up(spec) as lab:
         endpoints = lab_agents.start(lab)
         try:
+            network = with_alpha(lab, endpoints, Network.from_links(spec.links))
             names = [a for a in algorithms_for(lab) if not only or a in only]
             for size in sizes:
                 for algorithm in names:
                     started = time.monotonic()
-                    row = {"lab": shorthand, "rate": rate, **measure(lab, endpoints, network, algorithm, size,
-                                                                      iterations, warmup)}
+                    # small gradients: more of them, so that a point is not one scheduler hiccup
+                    repeat = iterations if size >= SMALL else iterations * 10
+                    row = {"lab": shorthand, "rate": rate, "alpha_s": network.latency,
+                           **measure(lab, endpoints, network, algorithm, size, repeat, warmup)}
                     rows.append(row)
                     print(f"  {shorthand:<12} {_size(size):>7} {algorithm:<18} measured {row['measured_s']:8.4f} s "
                           f"predicted {row['predicted_s']:8.4f} s  ratio {row['ratio']:5.3f}  CPU idle "

@@ -481,21 +481,23 @@ def predict(
         raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
     chosen = _check_transport("--transport", transport)
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
-    alpha, note = _measured_latency(spec, transport) if latency == "measured" else \
-        (parsed("--latency", latency, parse_duration), None)
+    alpha, cores, note = _measured_latency(spec, transport) if latency == "measured" else \
+        (parsed("--latency", latency, parse_duration), None, None)
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
         partition_bytes=parsed("--partition-bytes", partition_bytes, parse_size),
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
-        efficiency=efficiency, latency=alpha,
+        efficiency=efficiency, latency=alpha, cores=cores,
         send_buffer_bytes=chosen.send_buffer,
     )
-    if note:  # once the prediction stands: bad input stays one line
+    if note and not as_json:  # once the prediction stands: bad input stays one line
         err.print(Text(note), highlight=False, soft_wrap=True)
     cpu = _cpu_need(report.prediction, spec, transport)
     if as_json:
         document = report.to_json()
+        document["latency"] = {"alpha_s": alpha, "cores": cores, "source": "given" if latency != "measured" else
+                               "measured on this lab" if note is None else note}
         if cpu is not None and not isinstance(cpu, str):
             document["cpu"] = {"cores": cpu.cores, "available_cores": cpu.available, "fits": cpu.fits,
                                "max_rate_bit_s": cpu.max_rate, "transport": transport}
@@ -507,17 +509,18 @@ def predict(
                       soft_wrap=True)
 
 
-def _measured_latency(spec, transport: str) -> tuple[float, str | None]:
-    """α as measured on the lab `spec` over `transport`, else 0 and a line saying so."""
+def _measured_latency(spec, transport: str) -> tuple[float, int | None, str | None]:
+    """(α, the cores the agents share) as measured on the lab `spec` over `transport`, else
+    (0, None) and a line saying so."""
     lib = calibrate_lib()
     try:
-        alpha = lib.latency_for(spec, transport)
+        measured = lib.latency_for(spec, transport)
     except lib.NotCalibrated as exc:
-        return 0.0, f"warning: α left out: {exc}"
-    if alpha is None:
-        return 0.0, (f"note: α not measured on {lib.lab_key(spec)} over {transport}: left out (measure it with "
-                     "`testbed calibrate --latency-only --lab ...`, or give --latency)")
-    return alpha, None
+        return 0.0, None, f"warning: α left out: {exc}"
+    if measured is None:
+        return 0.0, None, (f"note: α not measured on {lib.lab_key(spec)} over {transport}: left out (measure it "
+                           "with `testbed calibrate --latency-only --lab ...`, or give --latency)")
+    return measured.alpha, measured.cores, None
 
 
 def _check_transport(flag: str, name: str):
@@ -854,10 +857,10 @@ def _latency_lines(plan) -> list[str]:
 
     lib, transport, lines = calibrate_lib(), plan.spec.agents.transport, []
     for variant in plan.variants:
-        alpha = latency_of(plan.spec, variant.lab)
+        measured = latency_of(plan.spec, variant.lab)
         where = f"{variant.lab.name} ({lib.lab_key(variant.lab)})"
-        lines.append(f"α on {where} over {transport}: {alpha * 1e6:,.0f} µs per message, as measured on it"
-                     if alpha is not None else
+        lines.append(f"α on {where} over {transport}: {measured.alpha * 1e6:,.0f} µs per message, the agents "
+                     f"sharing {measured.cores} cores, as measured on it" if measured is not None else
                      f"α on {where} over {transport}: not measured yet, so left out here: the run measures it "
                      "before its first point (or `testbed calibrate --latency-only --lab ...`)")
     return lines

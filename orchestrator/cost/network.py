@@ -24,10 +24,11 @@ def tcp_efficiency(mtu: int) -> float:
 class Network:
     """Every link direction carries `bandwidth` bits/s, of which `efficiency` is payload.
 
-    latency: α, seconds the agents spend on a message before its bytes flow (software,
-             on a CPU that every agent shares): a rank's j-th transfer of a step waits
-             (j + 1)·α once its first chunk is ready. Measured per lab and transport
-             (experiment/calibrate.py: `testbed calibrate`, or a run's first minutes).
+    latency: α, seconds the agents spend on a message before its bytes flow (software),
+             measured per lab and transport (experiment/calibrate.py: `testbed calibrate`,
+             or a run before its first point).
+    cores:   the CPU cores every agent shares (one machine's), or None: a core per agent.
+             A step of T transfers among A ranks waits T·α / min(cores, A), at least α.
     delay:   one-way seconds per link (netem's delay): a transfer also waits its path's delay.
     """
 
@@ -36,6 +37,7 @@ class Network:
     latency: float = 0.0
     delay: float = 0.0
     mtu: int = 1500
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
@@ -44,6 +46,8 @@ class Network:
             raise ValueError(f"efficiency must lie in (0, 1], got {self.efficiency}")
         if self.latency < 0 or self.delay < 0:
             raise ValueError("latency and delay must not be negative")
+        if self.cores is not None and self.cores < 1:
+            raise ValueError(f"cores must be at least 1, got {self.cores}")
 
     @property
     def payload_rate(self) -> float:
@@ -51,7 +55,8 @@ class Network:
         return self.bandwidth / 8 * self.efficiency
 
     @classmethod
-    def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0) -> "Network":
+    def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0,
+                   cores: int | None = None) -> "Network":
         """From a lab's `links` (anything with bandwidth in bits/s, delay in seconds, mtu):
         efficiency by default from the MTU (`tcp_efficiency`)."""
         return cls(
@@ -60,4 +65,5 @@ class Network:
             latency=latency,
             delay=float(links.delay),
             mtu=int(links.mtu),
+            cores=cores,
         )

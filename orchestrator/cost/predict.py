@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
@@ -43,6 +44,8 @@ class Prediction:
     # seconds per allreduce when they run in a row, as a run measures them: a rank that is
     # done early starts the next one while others finish (None: too large to simulate)
     back_to_back: float | None = None
+    # per_run split by cause (`attribute`): {"bandwidth", "latency", "waiting"} seconds
+    parts: dict[str, float] | None = None
 
     @property
     def per_run(self) -> float:
@@ -83,6 +86,7 @@ class Prediction:
             "network": asdict(self.network),
             "bottlenecks": [asdict(load) for load in self.bottlenecks()],
             "link_bytes": self.link_bytes,
+            "parts": self.parts,
         }
 
 
@@ -97,22 +101,41 @@ def predict_schedules(
     routes: Routes | None = None,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     compute_s: float = 0.0,
+    attribute: bool = False,
 ) -> Prediction:
     """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`, alone
     and `BACK_TO_BACK` of them in a row with `compute_s` before each (the latter left out beyond
-    BACK_TO_BACK_WORK). `send_buffer_bytes`: the transport's."""
+    BACK_TO_BACK_WORK). `send_buffer_bytes`: the transport's. `attribute`: split the time by
+    cause (Prediction.parts), which takes the model a second time when α is not 0."""
     check_path_work(topology, schedules)
     routes = routes or Routes(topology)
     buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
-    run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, **buffers)
-    back_to_back = None
-    if run.work * BACK_TO_BACK <= BACK_TO_BACK_WORK:  # else left out: one is all the time allows
-        try:
-            in_a_row = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize,
-                                iterations=BACK_TO_BACK, compute_s=compute_s, **buffers)
-            back_to_back = max(0.0, in_a_row.period - compute_s)
-        except ModelTooLarge:
-            pass
+
+    def model(network: Network):
+        run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, **buffers)
+        back_to_back = None
+        if run.work * BACK_TO_BACK <= BACK_TO_BACK_WORK:  # else left out: one is all the time allows
+            try:
+                in_a_row = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize,
+                                    iterations=BACK_TO_BACK, compute_s=compute_s, **buffers)
+                back_to_back = max(0.0, in_a_row.period - compute_s)
+            except ModelTooLarge:
+                pass
+        return run, back_to_back
+
+    run, back_to_back = model(network)
+    per_run = back_to_back if back_to_back is not None else run.seconds
+    parts = None
+    if attribute:
+        # the busiest link direction's bytes at its rate: what no schedule gets below; α's
+        # share: what the time loses without it; waiting: the rest (dependencies, links idle)
+        bandwidth = min(per_run, max(run.link_bytes, default=0.0) / network.payload_rate)
+        without = per_run
+        if network.latency > 0:
+            alone, in_a_row = model(dataclasses.replace(network, latency=0.0))
+            without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
+        bandwidth = min(bandwidth, without)
+        parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0
     algorithm = schedules[0][1].algorithm if schedules else "none"
@@ -122,7 +145,7 @@ def predict_schedules(
          for i, b in enumerate(run.link_bytes) if b > 0),
         key=lambda load: (-load.bytes, load.link),
     )
-    return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events, back_to_back)
+    return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events, back_to_back, parts)
 
 
 # Allreduces the model runs in a row for a run's time per allreduce: the period settles by the

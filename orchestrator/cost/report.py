@@ -75,6 +75,7 @@ def predict_lab(
     chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
     efficiency: float | None = None,
     latency: float = 0.0,
+    cores: int | None = None,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
 ) -> Report:
     """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run."""
@@ -90,7 +91,7 @@ def predict_lab(
         raise BadUsage(f"--option: {exc}") from None
     topology = topology_lib.from_lab(lab)
     try:
-        network = Network.from_links(lab.links, efficiency, latency)
+        network = Network.from_links(lab.links, efficiency, latency, cores)
         schedules, nodes = build_schedules(topology, algorithm, size_bytes, workers, options, partition_bytes)
         whole, _ = build_schedules(topology, algorithm, size_bytes, workers, options) if partition_bytes else (schedules, nodes)
         if callable(chunk_bytes):
@@ -127,7 +128,8 @@ def render(report: Report, top: int = 8) -> str:
         f"{report.lab} ({report.kind} {params}): {p.algorithm}, {_size(p.size_bytes)} over {p.workers} workers"
         + (f" in {report.partitions} partitions" if report.partitions > 1 else ""),
         f"links {_rate(network.bandwidth / 8)} × efficiency {network.efficiency:.4f} = {_rate(network.payload_rate)} "
-        f"payload; α {network.latency * 1e6:g} µs, delay {network.delay * 1e6:g} µs per link; "
+        f"payload; α {network.latency * 1e6:g} µs" + (f" ({network.cores} cores shared)" if network.cores else "")
+        + f", delay {network.delay * 1e6:g} µs per link; "
         f"messages of {_size(report.chunk_bytes)}",
         f"time per allreduce  {p.seconds:.6g} s  ({p.seconds * network.payload_rate / p.size_bytes:.4f} S/B)"
         + ("" if p.back_to_back is None else

@@ -26,7 +26,7 @@ import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from orchestrator.cost.cpu import Calibration
 from orchestrator.emulation.journal import state_root, write_inside
@@ -43,6 +43,7 @@ LATENCY_ITERATIONS = 60  # back to back; the first LATENCY_WARMUP open connectio
 LATENCY_WARMUP = 10
 LATENCY_ELEMENTS_PER_RANK = 16  # 64 bytes a rank: the bytes' own time is noise beside α
 _MAX_LATENCY_FILE = 256 * 1024
+MAX_CORES = 4096
 
 
 class NotCalibrated(TestbedError):
@@ -170,11 +171,20 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                     raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
                 checked[name] = float(value)
+            cores = values.get("cores")
+            if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= MAX_CORES:
+                raise ValueError(f"{where}.cores: expected a count of cores from 1 to {MAX_CORES}, got {cores!r}"[:300])
+            checked["cores"] = cores
             out.setdefault(key, {})[transport] = checked
     return out
 
 
-def latency_for(lab, transport: str) -> float | None:
+class Latency(NamedTuple):
+    alpha: float  # seconds per message (cost.Network.latency)
+    cores: int  # the cores the agents shared when it was measured (cost.Network.cores)
+
+
+def latency_for(lab, transport: str) -> Latency | None:
     """The α kept for `lab` (a LabSpec) over `transport`, None when it was not measured."""
     kept, key = load_latency(), lab_key(lab)
     measured = kept.get(key, {}).get(transport)
@@ -182,7 +192,7 @@ def latency_for(lab, transport: str) -> float | None:
         topology = key.rsplit(" ", 1)[0]
         measured = next((by[transport] for other, by in sorted(kept.items())
                          if other.rsplit(" ", 1)[0] == topology and transport in by), None)
-    return None if measured is None else measured["alpha_s"]
+    return None if measured is None else Latency(measured["alpha_s"], int(measured["cores"]))
 
 
 def save_latency(lab, transport: str, measured: dict[str, float]) -> Path:
@@ -219,6 +229,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
         raise ValueError("α needs at least two servers to send between")
     links = Network.from_links(lab.spec.links)
     send_buffer = transports.get(transport).send_buffer
+    cores = os.cpu_count() or 1
 
     def timed(eps: list) -> tuple[float, float]:
         eps = [dataclasses.replace(e, rank=i, role="worker") for i, e in enumerate(eps)]
@@ -234,7 +245,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
         chunk = chunk_bytes(schedules, transport=transport)
 
         def model(alpha: float) -> float:
-            network = dataclasses.replace(links, latency=alpha)
+            network = dataclasses.replace(links, latency=alpha, cores=cores)
             return predict_schedules(lab.topology, schedules, list(nodes), network, chunk,
                                      send_buffer_bytes=send_buffer).per_run
 
@@ -242,7 +253,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
 
     alpha, allreduce = timed(list(endpoints))
     pingpong, _ = timed(list(endpoints[:2]))
-    return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce}
+    return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "cores": cores}
 
 
 def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:
@@ -254,8 +265,9 @@ def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], 
 
 
 def describe_latency(measured: dict[str, float]) -> str:
-    return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message with every agent busy "
-            f"({measured['pingpong_s'] * 1e6:,.0f} µs on a quiet pair)")
+    return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {measured['cores']} cores "
+            f"(fitted to a zero-byte ring of {measured['allreduce_s'] * 1e3:.2f} ms; a ping-pong between two "
+            f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs)")
 
 
 def measure_lab_latency(argument: str, transports: list[str], progress: Callable[[str], None] = lambda _: None) -> str:

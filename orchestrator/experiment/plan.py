@@ -115,9 +115,9 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
                         f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
 
 
-def latency_of(spec: ExperimentSpec, lab: LabSpec) -> float | None:
-    """The α measured on `lab` over the experiment's transport (experiment/calibrate.py), or
-    None: not measured yet (a run measures it before its first point)."""
+def latency_of(spec: ExperimentSpec, lab: LabSpec):
+    """The α measured on `lab` over the experiment's transport (calibrate.Latency), or None:
+    not measured yet (a run measures it before its first point)."""
     from orchestrator.experiment import calibrate
 
     try:
@@ -127,11 +127,12 @@ def latency_of(spec: ExperimentSpec, lab: LabSpec) -> float | None:
 
 
 def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: int | None = None,
-                  latency: float | None = None) -> PlannedPoint:
+                  latency=None) -> PlannedPoint:
     """The point's layout and prediction, as the driver will build them; SpecError naming
     the point if its algorithm cannot run there, or if it would not fit `memory` bytes (the
-    host's available memory, when known). `latency`: α (default: as measured on the lab,
-    `latency_of`, else 0)."""
+    host's available memory, when known). `latency`: a calibrate.Latency (default: as
+    measured on the lab, `latency_of`; else α is 0)."""
+    latency = latency if latency is not None else latency_of(spec, point.lab)
     ranks = layout(point, source)
     tensors = workloads.tensors(point.workload)
     check_memory(spec, point, tensors, ranks, source, memory)
@@ -148,11 +149,11 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                              f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
         prediction = predict_schedules(
             topology_of(point.lab), schedules, list(ranks.nodes),
-            Network.from_links(point.lab.links, latency=latency if latency is not None else
-                               latency_of(spec, point.lab) or 0.0),
+            Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
+                               cores=latency.cores if latency else None),
             chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes,
             send_buffer_bytes=transports.get(spec.agents.transport).send_buffer,
-            compute_s=getattr(point.workload, "compute", 0.0))
+            compute_s=getattr(point.workload, "compute", 0.0), attribute=True)
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
             else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"

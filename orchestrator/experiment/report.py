@@ -40,6 +40,8 @@ COLUMNS = {
     "gst_mean_s": lambda p: _get(p, "gst_s", "mean"), "gst_p50_s": lambda p: _get(p, "gst_s", "p50"),
     "gst_p95_s": lambda p: _get(p, "gst_s", "p95"), "sync_fault_free_mean_s": lambda p: _get(p, "sync_s", "fault_free_mean"),
     "predicted_s": lambda p: _get(p, "predicted", "seconds"),
+    "predicted_bandwidth_s": lambda p: _part(p, "bandwidth"), "predicted_latency_s": lambda p: _part(p, "latency"),
+    "predicted_waiting_s": lambda p: _part(p, "waiting"),
     "ratio": lambda p: p.get("ratio"), "algbw_bytes_per_s": lambda p: p.get("algbw_bytes_per_s"),
     "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
@@ -54,6 +56,32 @@ ITERATION_COLUMNS = ("id", "algorithm", "iteration", "rank", "node", "gst_s", "c
 
 def _get(point: dict, key: str, field: str):
     return (point.get(key) or {}).get(field)
+
+
+def _part(point: dict, cause: str):
+    return ((point.get("predicted") or {}).get("parts") or {}).get(cause)
+
+
+def _attribution_lines(results: dict) -> list[str]:
+    """Where the model puts each point's predicted time: the busiest link's bytes at its
+    rate (bandwidth), α on the messages (latency), and the rest (waiting on dependencies
+    while that link idles)."""
+    rows = []
+    for p in results["points"]:
+        parts, total = (p.get("predicted") or {}).get("parts"), _get(p, "predicted", "seconds")
+        if not parts or not total:
+            continue
+        alpha = _get(p, "predicted", "latency_s")
+        shares = [f"{_seconds(parts.get(k))} ({(parts.get(k) or 0) / total:.0%})" for k in ("bandwidth", "latency", "waiting")]
+        rows.append(f"| {p['id']} | {_seconds(total)} | " + " | ".join(shares)
+                    + f" | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
+    if not rows:
+        return []
+    return ["", "## Where the model puts the time", "",
+            "Per point, the predicted time per synchronisation split by cause: the busiest link direction's "
+            "bytes at its rate (bandwidth), α on every message (latency; α as measured on the lab, "
+            "cost/latency.py), and the rest: ranks waiting on each other while that link idles.", "",
+            "| point | predicted s | bandwidth s | latency s | waiting s | α µs |", "|---|---|---|---|---|---|", *rows]
 
 
 def render(directory: Path, results: dict | None = None) -> list[Path]:
@@ -162,6 +190,7 @@ def write_summary(results: dict, path: Path) -> Path:
               "first, warming up) / predicted; algbw = S / GST, busbw = algbw × 2(n−1)/n (REFERENCE.md).", "",
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    lines += _attribution_lines(results)
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]
     if degraded:
         lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's "

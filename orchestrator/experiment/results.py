@@ -215,8 +215,16 @@ class _Stats(_Model):
     per_iteration: list[float] = []
 
 
+class _Parts(_Model):
+    bandwidth: Number = None
+    latency: Number = None
+    waiting: Number = None
+
+
 class _Predicted(_Model):
     seconds: Number = None
+    latency_s: Number = None
+    parts: Optional[_Parts] = None
 
 
 class _Partitioning(_Model):

@@ -63,7 +63,8 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
                       "algbw_bytes_per_s": prediction.algbw,
                       "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes,
-                      "latency_s": prediction.network.latency},
+                      "latency_s": prediction.network.latency, "cores": prediction.network.cores,
+                      "parts": prediction.parts},
         "fault_events": [],
     }
 
@@ -212,7 +213,8 @@ def _with_latency(plan: Plan, variant: LabVariant, points: list[PlannedPoint], l
     except TestbedError as exc:  # used all the same; measured again next time
         kept = f"not kept: {exc}"
     progress("latency", f"{lab.name}: α {calibrate.describe_latency(measured)}, {kept}", 1, 1)
-    again = [predict_point(plan.spec, p.point, "experiment", latency=measured["alpha_s"]) for p in points]
+    latency = calibrate.Latency(measured["alpha_s"], measured["cores"])
+    again = [predict_point(plan.spec, p.point, "experiment", latency=latency) for p in points]
     for planned in again:
         entries[planned.point.id]["predicted"] = point_entry(plan.spec, planned)["predicted"]
     return again

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
-from orchestrator.cost import Network, predict
+from orchestrator.cost import Network, predict, predict_schedules
 from orchestrator.cost.latency import fit_alpha
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import simulate
@@ -25,7 +25,7 @@ from orchestrator.spec import lab_from_argument
 from orchestrator.spec.experiment import load_experiment
 from tests.unit.conftest import make_topology
 
-MEASURED = {"alpha_s": 0.0015, "pingpong_s": 0.001, "allreduce_s": 0.009}
+MEASURED = {"alpha_s": 0.0015, "pingpong_s": 0.001, "allreduce_s": 0.009, "cores": 2}
 
 
 @pytest.fixture
@@ -34,20 +34,28 @@ def state(tmp_path, monkeypatch) -> Path:
     return tmp_path / "state"
 
 
-def test_a_ranks_messages_of_one_step_wait_alpha_each_in_turn():
+def test_a_steps_messages_queue_for_the_cores_the_agents_share():
     # by hand: h0 sends 4000 B to h1 and 4000 B to h2 in one step over its one uplink
-    # (1000 B/s payload), α = 0.1 s. The first waits α and runs alone till 2α = 0.2 s (100 B);
-    # then both share the uplink at 500 B/s: the first's 3900 B end at 0.2 + 7.8 = 8.0 s, the
-    # second has 100 B left and the link to itself: 8.1 s
+    # (1000 B/s payload), α = 0.1 s. With a core per agent both wait α, then share the uplink
+    # at 500 B/s each: 0.1 + 8 = 8.1 s. On one core the step's two messages take 2α first: 8.2 s
     star = make_topology("star", servers=3)
     schedule = Schedule("by-hand", 3, 2000)
     schedule.add_step([Transfer(0, 1, 0, 1000, "reduce"), Transfer(0, 2, 1000, 1000, "reduce")])
-    run = simulate(Routes(star), [(Partition(0, 2000, 0), schedule)], [s.name for s in star.servers],
-                   Network(8000, efficiency=1.0, latency=0.1), 2**30)
-    first, second = run.flows
-    assert first.lead == pytest.approx(0.1) and second.lead == pytest.approx(0.2)
-    assert first.finished == pytest.approx(8.0)
-    assert run.seconds == pytest.approx(8.1)
+    for cores, lead in ((None, 0.1), (2, 0.1), (1, 0.2)):
+        run = simulate(Routes(star), [(Partition(0, 2000, 0), schedule)], [s.name for s in star.servers],
+                       Network(8000, efficiency=1.0, latency=0.1, cores=cores), 2**30)
+        assert [f.lead for f in run.flows] == pytest.approx([lead, lead]), cores
+        assert run.seconds == pytest.approx(8 + lead), cores
+
+
+def test_a_zero_byte_ring_of_n_on_c_cores_pays_n_over_c_alpha_a_step():
+    # every rank sends one message a step: n messages over c cores; with a core each, α
+    star = make_topology("star", servers=8)
+    for cores, per_step in ((None, 1), (8, 1), (2, 4), (1, 8)):
+        seconds = predict(star, "ring", 64, Network(1e12, latency=0.001, cores=cores)).seconds
+        assert seconds == pytest.approx(2 * 7 * per_step * 0.001, rel=1e-3), cores
+    with pytest.raises(ValueError, match="cores"):
+        Network(1e9, cores=0)
 
 
 def test_fit_alpha_finds_the_alpha_a_measurement_was_made_with():
@@ -72,17 +80,17 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
     assert all(p.prediction.network.latency == 0 for p in without)
     where = calibrate.save_latency(lab, "tcp", MEASURED)
     assert where == state / "latency.json"
-    assert calibrate.latency_for(lab, "tcp") == 0.0015 and calibrate.latency_for(lab, "grpc") is None
+    assert calibrate.latency_for(lab, "tcp") == (0.0015, 2) and calibrate.latency_for(lab, "grpc") is None
     docker = lab.model_copy(update={"servers": lab.servers.model_copy(update={"runtime": "docker"})})
-    assert calibrate.latency_for(docker, "tcp") == 0.0015  # the same topology under the other runtime
+    assert calibrate.latency_for(docker, "tcp") == (0.0015, 2)  # the same topology under the other runtime
     other = lab_from_argument("star,4", **{"servers.runtime": "netns"})
     assert calibrate.latency_for(other, "tcp") is None
     with_alpha = make_plan(spec).points
     for before, after in zip(without, with_alpha):
-        assert after.prediction.network.latency == 0.0015
+        assert after.prediction.network.latency == 0.0015 and after.prediction.network.cores == 2
         assert after.prediction.per_run > before.prediction.per_run + 2 * 0.0015  # every step pays it
     calibrate.save_latency(lab, "grpc", {**MEASURED, "alpha_s": 0.003})  # beside, not instead
-    assert calibrate.latency_for(lab, "tcp") == 0.0015 and calibrate.latency_for(lab, "grpc") == 0.003
+    assert calibrate.latency_for(lab, "tcp").alpha == 0.0015 and calibrate.latency_for(lab, "grpc").alpha == 0.003
 
 
 @pytest.mark.parametrize("content, field", [
@@ -90,6 +98,9 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": "1", "pingpong_s": 0, "allreduce_s": 0}}}}', "alpha_s"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 1e308, "pingpong_s": 0, "allreduce_s": 0}}}}', "alpha_s"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0.001, "allreduce_s": 0}}}}', "pingpong_s"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 0}}}}', "cores"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2.5}}}}',
+     "cores"),
     ('{"labs": {"star-4 netns": {"tcp": 3}}}', "star-4 netns.tcp"),
     ('{"labs": []}', "labs"),
     ("[1, 2", "unreadable"),
@@ -132,6 +143,46 @@ def test_testbed_predict_uses_the_alpha_measured_on_its_lab(state):
         return json.loads(done.stdout)
 
     measured, given = predicted(), predicted("--latency", "0us")
-    assert measured["network"]["latency"] == 0.0015
+    assert measured["network"]["latency"] == 0.0015 and measured["network"]["cores"] == 2
     assert given["network"]["latency"] == 0
     assert measured["seconds"] > given["seconds"] + 6 * 0.0015 * 0.9
+
+
+def test_a_prediction_splits_its_time_into_bandwidth_latency_and_waiting():
+    # by hand: one transfer of 4000 B at 1000 B/s after α = 0.1 s, back to back: 4.1 s each,
+    # 4.0 of them the link's, 0.1 α's, nothing waited
+    star = make_topology("star", servers=2)
+    schedule = Schedule("by-hand", 2, 1000)
+    schedule.add_step([Transfer(0, 1, 0, 1000, "reduce")])
+    nodes = [s.name for s in star.servers]
+    one = predict_schedules(star, [(Partition(0, 1000, 0), schedule)], nodes, Network(8000, efficiency=1.0, latency=0.1),
+                            2**30, attribute=True)
+    assert one.per_run == pytest.approx(4.1)
+    assert one.parts == pytest.approx({"bandwidth": 4.0, "latency": 0.1, "waiting": 0.0})
+    # a ring on star,4: the parts add up to the time; without α, none of it is latency
+    for alpha in (0.0, 0.002):
+        ring = predict_schedules(*_ring(4, 4_000_000), Network(50e6, latency=alpha), attribute=True)
+        assert sum(ring.parts.values()) == pytest.approx(ring.per_run)
+        assert ring.parts["bandwidth"] == pytest.approx(ring.links[0].bytes / ring.network.payload_rate)
+        assert (ring.parts["latency"] > 0) == (alpha > 0) and ring.parts["waiting"] >= 0
+    assert predict_schedules(*_ring(4, 4000), Network(50e6)).parts is None  # only when asked
+
+
+def _ring(n: int, size: int):
+    from orchestrator.cost.predict import build_schedules
+
+    star = make_topology("star", servers=n)
+    schedules, nodes = build_schedules(star, "ring", size)
+    return star, schedules, nodes
+
+
+def test_the_report_shows_where_the_model_puts_each_points_time():
+    from orchestrator.experiment.report import COLUMNS, _attribution_lines
+
+    point = {"id": "000-ring", "predicted": {"seconds": 0.02, "latency_s": 0.0015,
+                                             "parts": {"bandwidth": 0.005, "latency": 0.012, "waiting": 0.003}}}
+    lines = _attribution_lines({"points": [point, {"id": "001-old", "predicted": {"seconds": 1.0}}]})
+    [row] = [line for line in lines if line.startswith("| 000-ring")]
+    assert "(25%)" in row and "(60%)" in row and "(15%)" in row and "1,500" in row
+    assert not any("001-old" in line for line in lines)  # results from before the split: no row
+    assert COLUMNS["predicted_latency_s"](point) == 0.012 and COLUMNS["predicted_waiting_s"]({"id": "x"}) is None

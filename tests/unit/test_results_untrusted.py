@@ -153,6 +153,9 @@ SHAPES = {
     "moved bytes of text": (_set(("points", 0, "bytes_per_link", "measured", "h0→s0"), "many"),
                             "points.0.bytes_per_link.measured.h0→s0: "),
     "status missing": (_delete("status"), "status: required but missing"),
+    "a predicted part of text": (_set(("points", 0, "predicted", "parts"), {"latency": "most"}),
+                                 "points.0.predicted.parts.latency: input should be a valid number"),
+    "α of text": (_set(("points", 0, "predicted", "latency_s"), "1ms"), "points.0.predicted.latency_s: "),
 }
 
 
