@@ -41,11 +41,14 @@ def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path,
     for point in results["points"]:
         assert point["status"] == "done" and point["checker"]["clean"] is True, point["id"]
         predicted = point["predicted"]
-        assert predicted["latency_s"] == kept["alpha_s"]
+        assert predicted["latency_s"] == kept["alpha_s"] and predicted["cores"] == kept["cores"] == os.cpu_count()
+        parts = predicted["parts"]  # where the model puts the time: much of it α here
+        assert sum(parts.values()) == pytest.approx(predicted["seconds"]) and parts["latency"] > 0.25 * predicted["seconds"]
         # every step of every algorithm here pays α at least once, and α is most of the time
         assert predicted["seconds"] > 4 * kept["alpha_s"]
         assert point["ratio"] == pytest.approx(point["sync_s"]["fault_free_mean"] / predicted["seconds"])
     again = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--dry-run"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message, as measured on it" in again.stdout
+    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {kept['cores']} cores, as measured " \
+        "on it" in again.stdout
