@@ -39,8 +39,12 @@ AGENT_MBYTES = 32
 AGENT_ITERATIONS = 6
 FILE = "calibration.json"
 LATENCY_FILE = "latency.json"
-LATENCY_ITERATIONS = 60  # back to back; the first LATENCY_WARMUP open connections and are left out
+# A zero-byte allreduce is timed back to back for about LATENCY_SECONDS (as the model times it
+# at a guessed α), between LATENCY_TIMED's bounds, after LATENCY_WARMUP that open connections
+LATENCY_SECONDS = 1.0
+LATENCY_TIMED = (10, 50)
 LATENCY_WARMUP = 10
+_GUESSED_ALPHA = 1e-3
 LATENCY_ELEMENTS_PER_RANK = 16  # 64 bytes a rank: the bytes' own time is noise beside α
 _MAX_LATENCY_FILE = 256 * 1024
 MAX_CORES = 4096
@@ -236,11 +240,6 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
         nodes = tuple(e.node for e in eps)
         elements = LATENCY_ELEMENTS_PER_RANK * len(eps)
         ctx = Context(len(eps), lab.topology, nodes, {})
-        result = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]),
-                            iterations=LATENCY_ITERATIONS, ctx=ctx, network=links,
-                            flow_paths=lab_agents.flow_paths(lab, transport), transport=transport)
-        sync = sync_times(result.records())[LATENCY_WARMUP:]
-        measured = sum(sync) / len(sync)
         schedules = registry.schedules("ring", ctx, elements, partitions([elements], None))
         chunk = chunk_bytes(schedules, transport=transport)
 
@@ -249,6 +248,13 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
             return predict_schedules(lab.topology, schedules, list(nodes), network, chunk,
                                      send_buffer_bytes=send_buffer).per_run
 
+        low, high = LATENCY_TIMED
+        repeat = max(low, min(high, int(LATENCY_SECONDS / max(model(_GUESSED_ALPHA), 1e-6))))
+        result = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]),
+                            iterations=LATENCY_WARMUP + repeat, ctx=ctx, network=links,
+                            flow_paths=lab_agents.flow_paths(lab, transport), transport=transport)
+        sync = sync_times(result.records())[LATENCY_WARMUP:]
+        measured = sum(sync) / len(sync)
         return fit_alpha(model, measured), measured
 
     alpha, allreduce = timed(list(endpoints))
