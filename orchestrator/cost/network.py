@@ -28,7 +28,7 @@ class Network:
              measured per lab and transport (experiment/calibrate.py: `testbed calibrate`,
              or a run before its first point).
     cores:   the CPU cores every agent shares (one machine's), or None: a core per agent.
-             A step of T transfers among A ranks waits T·α / min(cores, A), at least α.
+             A rank's j-th message of a step waits (j + 1)·α × max(1, senders / cores).
     delay:   one-way seconds per link (netem's delay): a transfer also waits its path's delay.
     """
 

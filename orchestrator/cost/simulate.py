@@ -18,11 +18,14 @@ What it honours, as agent/engine.py and the kernel's sockets do:
   last, as in a run (traces of halving-doubling on nine ranks: the seven that take no part
   in its first and last step start the next iteration a gradient's time early);
 - every transfer waits α, the agents' work on a message, plus its path's link delay once
-  its first chunk may leave; then it streams. Where the agents share fewer cores than a
-  step has ranks at work (`Network.cores`), the step's messages queue for them: a step of
-  T transfers among A ranks waits T·α / min(cores, A) (at least α). Measured on a 2-core
-  machine, α fitted to a zero-byte ring over 8, 9 and 16 servers this way came out 0.78-0.86
-  ms, and a ping-pong between two idle servers 0.76-0.99 ms (experiment/calibrate.py).
+  its first chunk may leave; then it streams. A rank writes a step's messages one after
+  another (its j-th waits (j + 1)·α), and where more ranks send in a step than the agents
+  have cores (`Network.cores`), they take turns where their CPU work cannot hide behind
+  their bytes: each α stretches by up to senders / cores (`_stretch`). So the first messages flow while
+  the rank prepares the rest, and a zero-byte step of T messages from S ranks lasts about
+  T·α / min(cores, S). Measured on a 2-core machine, α fitted to a
+  zero-byte ring over 8, 9 and 16 servers this way came out 0.6-0.95 ms, and a ping-pong
+  between two idle servers 0.74-1.1 ms (experiment/calibrate.py).
 
 What it leaves out, on purpose: TCP's slow start and losses, and the CPU. The max-min
 split is what the agents pace their connections at (shares.py): TCP alone does not reach it
@@ -93,7 +96,7 @@ class Flow:
     chunk: int  # elements per message
     itemsize: int
     connection: int
-    lead: float  # seconds from its first clear chunk to its first byte: α (queued) + path delay
+    lead: float  # seconds from its first clear chunk to its first byte: (j + 1)·α (stretched) + path delay
     index: int = 0  # creation order: every transfer it waits for comes earlier
     send_after: list = field(default_factory=list)  # (flow, lo, hi): applied at the sender first
     apply_after: list = field(default_factory=list)  # receives at the receiver: applied first
@@ -156,13 +159,26 @@ class Flow:
         return min(self.limit(self.apply_after), self.limit(self.written_after, "handed"))
 
 
-def _queued(cores: int | None, step) -> float:
-    """How many α a step's messages take where the agents share `cores` (None: a core per
-    rank): its transfers over the cores its ranks can use at once, at least one."""
-    if not cores or not step:
+def _stretch(network: Network, step, itemsize: int) -> float:
+    """How much longer than α a message of `step` takes where its S senders share C cores
+    (`network.cores`; None: a core per rank). Each sender needs m·α of CPU (its messages) and
+    w for its busiest NIC's bytes; the CPU work overlaps the bytes, so the step takes
+    max(m·α + w, S·m·α / C): the CPU is the bound only when all of it cannot fit beside the
+    bytes. As a stretch of α: max(1, S/C − w / (m·α)). A zero-byte ring of 9 on 2 cores: 4.5;
+    a 4 MiB one: 1 (its CPU hides behind the bytes: 4 MiB rings and meshes on 9 servers ran
+    at 0.90 × a model that stretched α by S/C whatever the bytes)."""
+    cores = network.cores
+    senders = {t.src for t in step}
+    if not cores or len(senders) <= cores or network.latency <= 0:
         return 1.0
-    ranks = len({t.src for t in step} | {t.dst for t in step})
-    return max(1.0, len(step) / min(cores, ranks))
+    messages: dict[int, int] = {}
+    nic_bytes: dict[tuple, int] = {}
+    for t in step:
+        messages[t.src] = messages.get(t.src, 0) + 1
+        nic_bytes[(t.src, t.nic)] = nic_bytes.get((t.src, t.nic), 0) + (t.end - t.offset) * itemsize
+    cpu = max(messages.values()) * network.latency
+    wire = max(nic_bytes.values()) / network.payload_rate
+    return max(1.0, len(senders) / cores - wire / cpu)
 
 
 def _reach(flow: Flow, offset: int, memo: dict, depth: int = 0) -> float:
@@ -302,15 +318,18 @@ class _Run:
         written: dict[int, Ranges] = {}  # rank → sends by range since its latest receive there
         for step_no, step in enumerate(schedule.steps):
             flows = []
-            alpha = network.latency * _queued(network.cores, step)
+            alpha = network.latency * _stretch(network, step, itemsize)
+            earlier: dict[int, int] = {}  # rank → its messages earlier in this step
             for t in step:
+                position = earlier.get(t.src, 0)
+                earlier[t.src] = position + 1
                 usage, hops = routes.usage(nodes[t.src], nodes[t.dst], t.nic)
                 key = (t.src, routes.address(nodes[t.dst], t.nic))
                 connection = self.connections.setdefault(key, len(self.connections))
                 if connection == len(self.usage):
                     self.usage.append(usage)
                 flow = Flow(p, step_no, t.src, t.dst, t.offset, t.end, chunk, itemsize, connection,
-                            alpha + network.delay * hops, len(self.flows) + len(flows))
+                            alpha * (position + 1) + network.delay * hops, len(self.flows) + len(flows))
                 flow.send_after = received.setdefault(t.src, Ranges()).touching(t.offset, t.end)
                 flow.apply_after = received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
                 flow.written_after = written.setdefault(t.dst, Ranges()).touching(t.offset, t.end)

@@ -34,18 +34,35 @@ def state(tmp_path, monkeypatch) -> Path:
     return tmp_path / "state"
 
 
-def test_a_steps_messages_queue_for_the_cores_the_agents_share():
+def test_a_rank_writes_a_steps_messages_one_after_another():
     # by hand: h0 sends 4000 B to h1 and 4000 B to h2 in one step over its one uplink
-    # (1000 B/s payload), α = 0.1 s. With a core per agent both wait α, then share the uplink
-    # at 500 B/s each: 0.1 + 8 = 8.1 s. On one core the step's two messages take 2α first: 8.2 s
+    # (1000 B/s payload), α = 0.1 s. The first waits α and runs alone till 2α = 0.2 s (100 B);
+    # then both share the uplink at 500 B/s: the first's 3900 B end at 0.2 + 7.8 = 8.0 s, the
+    # second has 100 B left and the link to itself: 8.1 s. One sender: cores change nothing
     star = make_topology("star", servers=3)
     schedule = Schedule("by-hand", 3, 2000)
     schedule.add_step([Transfer(0, 1, 0, 1000, "reduce"), Transfer(0, 2, 1000, 1000, "reduce")])
-    for cores, lead in ((None, 0.1), (2, 0.1), (1, 0.2)):
+    for cores in (None, 2, 1):
         run = simulate(Routes(star), [(Partition(0, 2000, 0), schedule)], [s.name for s in star.servers],
                        Network(8000, efficiency=1.0, latency=0.1, cores=cores), 2**30)
-        assert [f.lead for f in run.flows] == pytest.approx([lead, lead]), cores
-        assert run.seconds == pytest.approx(8 + lead), cores
+        first, second = run.flows
+        assert (first.lead, second.lead) == pytest.approx((0.1, 0.2)), cores
+        assert first.finished == pytest.approx(8.0) and run.seconds == pytest.approx(8.1), cores
+
+
+def test_more_senders_than_cores_stretch_alpha_where_their_cpu_cannot_hide_behind_their_bytes():
+    # h0 → h1 and h2 → h3 at once, α = 0.1 s, 1000 B/s, one core: the step takes at least
+    # both messages' CPU, 2α, and the CPU work overlaps the bytes. With 4 B each (0.004 s on
+    # the wire) α stretches by 2 − 0.004/0.1; with 40 B, by 2 − 0.4; with 4000 B, not at all
+    star = make_topology("star", servers=4)
+    for elements, one_core in ((1, (2 - 0.04) * 0.1), (10, (2 - 0.4) * 0.1), (1000, 0.1)):
+        schedule = Schedule("by-hand", 4, 2 * elements)
+        schedule.add_step([Transfer(0, 1, 0, elements, "reduce"), Transfer(2, 3, elements, elements, "reduce")])
+        for cores, lead in ((None, 0.1), (2, 0.1), (1, one_core)):
+            run = simulate(Routes(star), [(Partition(0, 2 * elements, 0), schedule)], [s.name for s in star.servers],
+                           Network(8000, efficiency=1.0, latency=0.1, cores=cores), 2**30)
+            assert [f.lead for f in run.flows] == pytest.approx([lead, lead]), (elements, cores)
+            assert run.seconds == pytest.approx(elements * 4 / 1000 + lead), (elements, cores)
 
 
 def test_a_zero_byte_ring_of_n_on_c_cores_pays_n_over_c_alpha_a_step():
@@ -54,6 +71,9 @@ def test_a_zero_byte_ring_of_n_on_c_cores_pays_n_over_c_alpha_a_step():
     for cores, per_step in ((None, 1), (8, 1), (2, 4), (1, 8)):
         seconds = predict(star, "ring", 64, Network(1e12, latency=0.001, cores=cores)).seconds
         assert seconds == pytest.approx(2 * 7 * per_step * 0.001, rel=1e-3), cores
+    # a bulk ring's CPU hides behind its bytes: α a step, whatever the cores
+    bulk = [predict(star, "ring", 4 * 2**20, Network(100e6, latency=0.001, cores=cores)).seconds for cores in (None, 2)]
+    assert bulk[1] == pytest.approx(bulk[0], rel=0.02)
     with pytest.raises(ValueError, match="cores"):
         Network(1e9, cores=0)
 
