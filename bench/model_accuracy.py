@@ -100,7 +100,7 @@ def with_alpha(lab, endpoints, network: Network) -> Network:
     if kept is None:
         measured = calibrate.measure_latency(lab, endpoints, transport)
         calibrate.save_latency(lab.spec, transport, measured)
-        kept = calibrate.Latency(measured["alpha_s"], measured["cores"])
+        kept = calibrate.Latency.of(measured)
         print(f"  α measured: {calibrate.describe_latency(measured)}", file=sys.stderr, flush=True)
     else:
         print(f"  α as kept: {kept.alpha * 1e6:,.0f} µs, {kept.cores} cores", file=sys.stderr, flush=True)

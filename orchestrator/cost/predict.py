@@ -129,12 +129,11 @@ def predict_schedules(
     if attribute:
         # the busiest link direction's bytes at its rate: what no schedule gets below; α's
         # share: what the time loses without it; waiting: the rest (dependencies, links idle)
-        bandwidth = min(per_run, max(run.link_bytes, default=0.0) / network.payload_rate)
         without = per_run
         if network.latency > 0:
             alone, in_a_row = model(dataclasses.replace(network, latency=0.0))
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
-        bandwidth = min(bandwidth, without)
+        bandwidth = min(max(run.link_bytes, default=0.0) / network.payload_rate, without)
         parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0

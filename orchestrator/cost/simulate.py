@@ -21,13 +21,14 @@ What it honours, as agent/engine.py and the kernel's sockets do:
   its first chunk may leave; then it streams. A rank writes a step's messages one after
   another (its j-th waits (j + 1)·α), and where more ranks send in a step than the agents
   have cores (`Network.cores`), they take turns where their CPU work cannot hide behind
-  their bytes: each α stretches by up to senders / cores (`_stretch`). So the first messages flow while
-  the rank prepares the rest, and a zero-byte step of T messages from S ranks lasts about
-  T·α / min(cores, S). Measured on a 2-core machine, α fitted to a
+  their bytes: each α stretches by up to senders / cores (`_stretch`). So the first
+  messages flow while the rank prepares the rest, and a zero-byte step of T messages from
+  S ranks lasts about T·α / min(cores, S). Measured on a 2-core machine, α fitted to a
   zero-byte ring over 8, 9 and 16 servers this way came out 0.6-0.95 ms, and a ping-pong
   between two idle servers 0.74-1.1 ms (experiment/calibrate.py).
 
-What it leaves out, on purpose: TCP's slow start and losses, and the CPU. The max-min
+What it leaves out, on purpose: TCP's slow start and losses, and the CPU beyond α (a
+workload's compute does not take cores from the agents' messages). The max-min
 split is what the agents pace their connections at (shares.py): TCP alone does not reach it
 where connections cross two bottlenecks.
 

@@ -187,6 +187,11 @@ class Latency(NamedTuple):
     alpha: float  # seconds per message (cost.Network.latency)
     cores: int  # the cores the agents shared when it was measured (cost.Network.cores)
 
+    @classmethod
+    def of(cls, measured: dict) -> "Latency":
+        """From what measure_latency returns and latency.json keeps."""
+        return cls(measured["alpha_s"], int(measured["cores"]))
+
 
 def latency_for(lab, transport: str) -> Latency | None:
     """The α kept for `lab` (a LabSpec) over `transport`, None when it was not measured."""
@@ -196,7 +201,7 @@ def latency_for(lab, transport: str) -> Latency | None:
         topology = key.rsplit(" ", 1)[0]
         measured = next((by[transport] for other, by in sorted(kept.items())
                          if other.rsplit(" ", 1)[0] == topology and transport in by), None)
-    return None if measured is None else Latency(measured["alpha_s"], int(measured["cores"]))
+    return None if measured is None else Latency.of(measured)
 
 
 def save_latency(lab, transport: str, measured: dict[str, float]) -> Path:

@@ -213,8 +213,7 @@ def _with_latency(plan: Plan, variant: LabVariant, points: list[PlannedPoint], l
     except TestbedError as exc:  # used all the same; measured again next time
         kept = f"not kept: {exc}"
     progress("latency", f"{lab.name}: α {calibrate.describe_latency(measured)}, {kept}", 1, 1)
-    latency = calibrate.Latency(measured["alpha_s"], measured["cores"])
-    again = [predict_point(plan.spec, p.point, "experiment", latency=latency) for p in points]
+    again = [predict_point(plan.spec, p.point, "experiment", latency=calibrate.Latency.of(measured)) for p in points]
     for planned in again:
         entries[planned.point.id]["predicted"] = point_entry(plan.spec, planned)["predicted"]
     return again
