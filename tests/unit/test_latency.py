@@ -206,3 +206,27 @@ def test_the_report_shows_where_the_model_puts_each_points_time():
     assert "(25%)" in row and "(60%)" in row and "(15%)" in row and "1,500" in row
     assert not any("001-old" in line for line in lines)  # results from before the split: no row
     assert COLUMNS["predicted_latency_s"](point) == 0.012 and COLUMNS["predicted_waiting_s"]({"id": "x"}) is None
+
+
+@pytest.mark.parametrize("content, says", [
+    (b'{"labs": {"bcube-2-1 netns": {"tcp": {"alpha_s": -1, "pingpong_s": 0, "allreduce_s": 0, "cores": 2}}}}',
+     "alpha_s: expected seconds"),
+    (b"[" * 5_000_000, "larger than"),
+])
+def test_testbed_predict_reads_a_hostile_latency_file_in_bounded_memory_and_says_so_in_one_line(state, content, says):
+    import resource
+
+    state.mkdir()
+    (state / "latency.json").write_bytes(content)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "predict", "bcube,2,1", "-a", "ring", "--size",
+                           "19240B"], capture_output=True, text=True, timeout=60, preexec_fn=limit,
+                          env=os.environ | {"TESTBED_STATE": str(state), "COLUMNS": "400"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("warning: α left out: ") and says in line, line
+    assert "α 0 µs" in done.stdout  # left out, and said so: not a guess
+    assert sorted(p.name for p in state.iterdir()) == ["latency.json"]
