@@ -34,7 +34,8 @@ from bench.agent_dataplane import cpu_counters  # noqa: E402
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
-from orchestrator.runner import driver, lab_agents, workloads  # noqa: E402
+from orchestrator.deploy import lab_agents  # noqa: E402
+from orchestrator.runner import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 GOAL = 1.10

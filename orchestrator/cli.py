@@ -35,6 +35,16 @@ out = Console()
 err = Console(stderr=True)
 
 LAB_HELP = "lab file (YAML) or a shorthand such as bcube,4,1 / fattree,8 / torus,4,2"
+PLUGIN_HELP = "a .py file registering algorithms (orchestrator.collectives.register), as mn --custom; repeatable"
+
+
+def _load_plugins(files: List[Path]) -> None:
+    """--plugin files and installed `testbed.algorithms` entry points, before any name is looked up."""
+    from orchestrator import plugins
+
+    plugins.load_entry_points()
+    for file in files:
+        plugins.load_file(file)
 
 
 def main() -> None:
@@ -445,6 +455,36 @@ def _list_faults(lab, as_json: bool) -> None:
     out.print(table, highlight=False)
 
 
+# -- check-algorithm --------------------------------------------------------------------------
+@app.command("check-algorithm")
+def check_algorithm(
+    target: str = typer.Argument(..., help="an algorithm's name, or a plugin file (.py) whose algorithms to check"),
+    plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    option: List[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", help="algorithm option"),
+    agents: bool = typer.Option(True, "--agents/--no-agents", help="also run real agents on loopback"),
+) -> None:
+    """Check an algorithm as the project checks its own: exact reduction over generated rank
+    counts, sizes and partitionings (in process), its prediction beside its closed form, and
+    a run of real agents on loopback. Exit 1 when a check fails (it names rank, step and bytes)."""
+    from orchestrator.cost.report import parse_options
+    from orchestrator.experiment import check_algorithm as checking
+
+    _load_plugins(plugin)
+    names = checking.names_of(target)
+    failed = False
+    for name in names:
+        origin = checking.registry.get(name).origin
+        out.print(Text(f"{name} ({origin})", style="bold"), highlight=False, soft_wrap=True)
+        with err.status("") as status:
+            verdict = checking.check(name, parse_options(option), agents, progress=lambda line: status.update(line))
+        for line in verdict.lines:
+            style = "red" if line.startswith("FAIL") else None
+            out.print(Text("  " + line, style=style), highlight=False, soft_wrap=True)
+        failed |= verdict.failed
+    if failed:
+        raise typer.Exit(1)
+
+
 # -- predict ----------------------------------------------------------------------------------
 @app.command()
 def predict(
@@ -463,9 +503,11 @@ def predict(
     top: int = typer.Option(8, help="busiest link directions to list (0: none)"),
     transport: str = typer.Option("tcp", help="the agents' transport (tcp, grpc): its chunks and CPU cost"),
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
+    plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Predict an allreduce's time on a lab from the schedule the agents would run (no root),
     and, once `testbed calibrate` has run, the CPU it needs of this machine."""
+    _load_plugins(plugin)
     from orchestrator.agent.plan import chunk_bytes
     from orchestrator.cost.report import parse_options, predict_lab, render
     from orchestrator.spec import lab_from_argument
@@ -746,11 +788,14 @@ def run_experiment(
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, print the plan and the predictions; no root"),
     strict: bool = typer.Option(False, "--strict", help="refuse a run this machine's CPU cannot carry faithfully "
                                 "(by `testbed calibrate`), instead of warning"),
+    plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Run an experiment: up → monitor → deploy → every sweep point and algorithm (with its
     fault timeline) → results directory → down. Ctrl-C tears down and keeps what was measured."""
     from orchestrator.experiment.plan import make_plan
     from orchestrator.spec.experiment import load_experiment
+
+    _load_plugins(plugin)
 
     spec = load_experiment(experiment)
     # what this machine has for the agents' gradients (MemAvailable): a plan that cannot fit

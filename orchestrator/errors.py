@@ -7,6 +7,8 @@ it never shows a traceback for these.
     TestbedError                  base; exit code 1
     ├── SpecError                 a lab or experiment file is invalid (names the field); exit 2
     ├── BadUsage                  a command's arguments do not fit together; exit 2
+    ├── PluginError               a user's plugin is missing, unsafe, broken or takes a taken name
+    │                             (names its file and line); exit 2
     ├── TopologyError             parameters that no topology or address plan can satisfy; exit 2
     ├── HostError                 this machine lacks something (root, a tool, a kernel feature)
     │   ├── MissingFeature        the lab asks for a kernel feature this kernel lacks; exit 3
@@ -24,7 +26,9 @@ it never shows a traceback for these.
     ├── MonitorError              the lab's Prometheus could not start or be reached (names its log)
     ├── FaultError                a fault names an action, target or parameter that does not fit
     │                             the lab (names it and what would); nothing was changed; exit 2
-    └── DeployError               deploying agents failed: names the host, the task and the log
+    ├── DeployError               deploying agents failed: names the host, the task and the log
+    └── RunError                  a run failed on some agent: names the rank, the node and, for a
+                                  stall, the peer, the path and the dead link
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ class SpecError(TestbedError):
 
 class BadUsage(TestbedError):
     """A command's arguments that cannot work together (the CLI's own checks)."""
+
+    exit_code = 2
+
+
+class PluginError(TestbedError):
+    """A plugin (an algorithm from a file or an entry point) that cannot be loaded."""
 
     exit_code = 2
 
@@ -129,3 +139,13 @@ class FaultError(TestbedError):
 class DeployError(TestbedError):
     """Deploying or removing agents failed; the message names the host, the task that failed
     and the path of Ansible's full log."""
+
+
+class RunError(TestbedError):
+    """A run failed on some agent; the message names the rank and node. `cut`: pairs of
+    servers (by node) between which data did not move, when the failure names them (a stall's
+    dead edges, an agent's failed send): a surviving run finds a cut-off server with them."""
+
+    def __init__(self, message: str, cut: frozenset[frozenset[str]] = frozenset()) -> None:
+        super().__init__(message)
+        self.cut = cut

@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.pop(TOKEN_ENV, "") or config.get("token", "")  # popped: nothing this agent runs inherits it
     if not token:
         raise SystemExit(f"testbed-agent: {TOKEN_ENV} is not set: Control answers only calls carrying a token; "
-                         "start agents with testbed (runner.lab_agents or runner.local), or set it")
+                         "start agents with testbed (deploy.lab_agents or runner.local), or set it")
     _tune_malloc()
     asyncio.run(serve(settings["node"], settings["control"], settings["data"].split(","), settings.get("metrics"),
                       token, int(settings.get("window") or 0)))

@@ -2,7 +2,8 @@
 
 A run that survives failures (runner.driver.run(survive=True)) recompiles its algorithm's
 schedule over the live servers after every change of membership. How depends on the
-algorithm, registered in REFORMS (default: `renumber`):
+algorithm, registered with it (`register(..., reform=)`, default: `renumber`;
+registry.reform dispatches):
 
 - renumber: the live workers become ranks 0..n−1 in their old order, the live parameter
   servers follow; ring, tree, halving-doubling (any n: MPICH's method), mesh, ps (its
@@ -57,12 +58,3 @@ def keep_ranks(ctx: Context, workers: list[str], servers: list[str], dead: set[s
     nodes = list(ctx.nodes) or workers + servers
     options = dict(ctx.options) | {"failed": sorted(dead)}
     return Membership(replace(ctx, options=options), {n: r for r, n in enumerate(nodes) if n not in dead})
-
-
-REFORMS: dict[str, Reform] = {"bml": keep_ranks, "hips": keep_ranks}  # hips: on BCube, as BML (hips.py)
-
-
-def reform(algorithm: str, ctx: Context, workers: list[str], servers: list[str], dead: set[str]) -> Membership:
-    """The membership of `algorithm` over all but `dead` (workers, servers: node names in
-    their original rank order). ValueError when the algorithm cannot lose these servers."""
-    return REFORMS.get(algorithm, renumber)(ctx, workers, servers, dead)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from orchestrator.collectives import algorithms as _builtins  # noqa: F401  registers the built-ins
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.membership import Membership
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, TooManyTransfers, transfer_budget  # noqa: F401  re-exported
 from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estimate, register  # noqa: F401  re-exported
@@ -32,6 +33,12 @@ def get(name: str) -> Algorithm:
         return ALGORITHMS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown algorithm {name!r}: choose one of {', '.join(sorted(ALGORITHMS))}") from None
+
+
+def reform(name: str, ctx: Context, workers: list[str], servers: list[str], dead: set[str]) -> Membership:
+    """The membership of algorithm `name` over all but `dead` (workers, servers: node names
+    in their original rank order). ValueError when the algorithm cannot lose these servers."""
+    return get(name).reform(ctx, workers, servers, dead)
 
 
 def builder(name: str) -> Builder:

@@ -1,16 +1,20 @@
 """The table of algorithms: one record per name, the built-ins' and a user's alike, added by
-`register`. It imports no algorithm (algorithms/__init__.py registers the built-ins through
+`register` (public as `orchestrator.collectives.register`). It imports no algorithm (algorithms/__init__.py registers the built-ins through
 the same call a plugin uses); registry.py is the face the rest of the package uses."""
 
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from pydantic import ValidationError
 
 from orchestrator.collectives.context import Context
+from orchestrator.collectives.forms import ClosedForm
+from orchestrator.collectives.membership import Reform, renumber
 from orchestrator.collectives.options import AlgorithmOptions, NoOptions
 from orchestrator.collectives.schedule import Schedule
 
@@ -25,6 +29,9 @@ class Algorithm:
     build: Builder
     options: type[AlgorithmOptions] = NoOptions
     transfers: Estimate | None = None
+    closed_form: ClosedForm | None = None  # REFERENCE-style formula to set beside a prediction
+    reform: Reform = renumber  # how it re-forms over the survivors of a failure (membership.py)
+    origin: str = "built-in"  # where it was registered from: a plugin's file or entry point
 
     def check_options(self, options: dict | None) -> dict:
         """The options validated by the algorithm's model, as given (no defaults added);
@@ -48,15 +55,42 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoOptions,
-             transfers: Estimate | None = None) -> Algorithm:
-    """Add an algorithm to the table; ValueError for a bad or taken name."""
+             transfers: Estimate | None = None, closed_form: ClosedForm | None = None,
+             reform: Reform | None = None) -> Algorithm:
+    """Add an algorithm to the table; ValueError for a bad or taken name or a part that is
+    not what it must be.
+
+    build(ctx, size, offset=0, length=None) -> Schedule   the algorithm (collectives/schedule.py)
+    options      its pydantic options model (a subclass of AlgorithmOptions)
+    transfers    (ctx, length) -> an upper bound of one schedule's transfers, checked before building
+    closed_form  (Case) -> Form | None: its formula, shown beside the model's prediction
+    reform       (ctx, workers, servers, dead) -> Membership after a failure (default: renumber
+                 the survivors; membership.keep_ranks keeps the topology's ranks)
+    """
     if not isinstance(name, str) or not NAME.match(name):
         raise ValueError(f"algorithm name {name!r}: lower case letters, digits and -, starting with a letter")
     if name in ALGORITHMS:
-        raise ValueError(f"algorithm {name} is registered already (known: {', '.join(ALGORITHMS)})")
+        raise ValueError(f"algorithm {name} is registered already ({ALGORITHMS[name].origin}): give yours another name")
     if not callable(build):
         raise ValueError(f"algorithm {name}: build must be callable")
     if not (isinstance(options, type) and issubclass(options, AlgorithmOptions)):
         raise ValueError(f"algorithm {name}: options must be a subclass of AlgorithmOptions")
-    ALGORITHMS[name] = Algorithm(name, build, options, transfers)
+    for part, value in (("transfers", transfers), ("closed_form", closed_form), ("reform", reform)):
+        if value is not None and not callable(value):
+            raise ValueError(f"algorithm {name}: {part} must be callable or None")
+    ALGORITHMS[name] = Algorithm(name, build, options, transfers, closed_form, reform or renumber, _origin.get())
     return ALGORITHMS[name]
+
+
+# where registrations come from while a plugin loads (orchestrator/plugins.py sets it)
+_origin: ContextVar[str] = ContextVar("algorithm_origin", default="built-in")
+
+
+@contextmanager
+def origin(where: str) -> Iterator[None]:
+    """Algorithms registered within it record `where` (a plugin's file or entry point)."""
+    token = _origin.set(where)
+    try:
+        yield
+    finally:
+        _origin.reset(token)

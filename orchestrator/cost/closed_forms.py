@@ -1,145 +1,24 @@
-"""REFERENCE.md §2's closed forms, to set beside a prediction: one entry per algorithm.
-
-A form gives the bandwidth term as a multiple of S/B (S gradient bytes, B a link's payload
-rate) and the number of α terms (messages in sequence). Each says what it assumes; where
-the lab's schedule or routing breaks that assumption the entry returns None rather than a
-number the model should not match (e.g. halving-doubling on a non-power of two).
-
-Forms derived here rather than taken from REFERENCE say so: flat mesh on a torus with an
-even k, where the lab routes the ties of dimension-order routing one way (+1) and
-REFERENCE's n/4 splits them.
-"""
+"""The closed form that applies to a schedule on a topology: REFERENCE.md §2's formulas, each
+registered with its algorithm (collectives/forms.py holds the built-ins'; a plugin gives
+its own through `register(..., closed_form=)`), to set beside a prediction."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
+from orchestrator.collectives.forms import Case, Form
+from orchestrator.collectives.registry import ALGORITHMS
 from orchestrator.collectives.schedule import Schedule
 from orchestrator.topology import Topology
 
-
-@dataclass(frozen=True)
-class Form:
-    factor: float  # time × B / S
-    steps: int  # α terms
-    source: str  # the formula and what it assumes
-
-    def seconds(self, size_bytes: float, payload_rate: float, latency: float = 0.0) -> float:
-        return self.factor * size_bytes / payload_rate + self.steps * latency
-
-
-@dataclass(frozen=True)
-class Case:
-    schedule: Schedule  # of the whole range (the first partition's shape)
-    topology: Topology
-
-    @property
-    def workers(self) -> int:
-        return len(self.schedule.workers)
-
-    @property
-    def all_servers(self) -> bool:
-        return self.schedule.ranks == len(self.topology.servers)
-
-
-def _flat(n: int) -> float:
-    return 2 * (n - 1) / n
-
-
-def _ring(case: Case) -> Form:
-    n = case.workers
-    return Form(_flat(n), 2 * (n - 1), "2(N−1)/N·S/B, 2(N−1)α: one ring direction, a link per hop "
-                                       "(REFERENCE's torus figure (N−1)/N is a bidirectional ring)")
-
-
-def _torus_mesh(k: int) -> tuple[float, str]:
-    if k % 2:
-        return (k * k - 1) / (4 * k), "(k²−1)/(4k)·S/B: flat mesh, dimension-order routes (HiPS table)"
-    return k / 4 + 0.5, ("(k/4 + 1/2)·S/B: flat mesh, dimension-order routes with ties sent +1 as the lab "
-                         "routes them (derived; REFERENCE's k/4 splits ties both ways)")
-
-
-def _mesh(case: Case) -> Form | None:
-    n, topology = case.workers, case.topology
-    if topology.kind == "bcube":
-        if not case.all_servers:
-            return None
-        base = topology.facts["n"]
-        return Form(_flat(base), 2, "2(n−1)/n·S/B: flat mesh over all n^h servers, relays counted (HiPS table)")
-    if topology.kind == "torus":
-        if not case.all_servers or topology.facts["k"] == 2:
-            return None
-        factor, source = _torus_mesh(topology.facts["k"])
-        return Form(factor, 2, source)
-    return Form(_flat(n), 2, "2(N−1)/N·S/B, 2α: mesh on a non-blocking fabric")
-
-
-def _ps(case: Case) -> Form | None:
-    n, meta = case.workers, case.schedule.meta
-    shards, colocated = meta.get("shards", n), meta.get("colocated", False)
-    if colocated:
-        return _mesh(case) if shards == n else None
-    return Form(max(1.0, n / shards), 2, "max(S, N·S/M)/B: lower bound, push and pull overlapped, "
-                                         "non-blocking fabric")
-
-
-def _halving_doubling(case: Case) -> Form | None:
-    n = case.workers
-    if n & (n - 1):
-        return None
-    steps = 2 * (n.bit_length() - 1)
-    return Form(_flat(n), steps, "2(p−1)/p·S/B, 2·log2 p·α: a link per pair and step (non-blocking fabric)")
-
-
-def _hips(case: Case) -> Form | None:
-    topology = case.topology
-    if topology.kind == "bcube":
-        n, h = topology.facts["n"], topology.facts["levels"]
-        return Form(2 * (n**h - 1) / (h * n**h), 2 * h, "2(n^h−1)/(h·n^h)·S/B: HiPS on BCube (HiPS table)")
-    k, h = topology.facts["k"], topology.facts["d"]
-    factor = (k**h - 1) / (h * k**h) * (2 if k == 2 else 1)  # k = 2: one NIC per dimension carries both halves
-    return Form(factor, 2 * h * (k - 1), "(k^h−1)/(h·k^h)·S/B: HiPS on a torus, both ring directions (HiPS table)")
-
-
-def _bml(case: Case) -> Form | None:
-    if case.schedule.meta.get("failed"):
-        return None
-    n, h = case.workers, case.topology.facts["levels"]
-    return Form(2 * (n - 1) / (n * h), 2 * h, "2(N−1)/N·S/(h·B): BML on BCube with h levels")
-
-
-def _hdrm(case: Case) -> Form | None:
-    if not case.schedule.meta.get("contention_free"):
-        return None
-    n = case.workers
-    return Form(_flat(n), 2 * (n.bit_length() - 1), "2(N−1)/N·S/B: HDRM, one flow per switch link and step")
-
-
-def _two_level(case: Case) -> Form:
-    n = case.workers
-    return Form(_flat(n), len(case.schedule.steps), "2(N−1)/N·S/B: the levels' bytes add up to ring's "
-                                                    "(non-blocking fabric)")
-
-
-# algorithm → its closed form; tree and double-tree have none that describes the agents,
-# which pipeline every chunk through the tree instead of moving whole steps
-FORMS: dict[str, Callable[[Case], Form | None]] = {
-    "ring": _ring,
-    "mesh": _mesh,
-    "ps": _ps,
-    "halving-doubling": _halving_doubling,
-    "hips": _hips,
-    "bml": _bml,
-    "hdrm": _hdrm,
-    "hierarchical": _two_level,
-    "flextree": _two_level,
-}
+__all__ = ["Case", "Form", "closed_form"]
 
 
 def closed_form(schedule: Schedule, topology: Topology) -> Form | None:
     """The closed form for `schedule` (the whole range's) on `topology`, if one applies."""
-    form = FORMS.get(schedule.algorithm)
-    if form is None or len(schedule.workers) < 2:
+    algorithm = ALGORITHMS.get(schedule.algorithm)
+    if algorithm is None or algorithm.closed_form is None or len(schedule.workers) < 2:
         return None
-    return form(Case(schedule, topology))
+    form = algorithm.closed_form(Case(schedule, topology))
+    if form is not None and not isinstance(form, Form):
+        raise ValueError(f"algorithm {schedule.algorithm}: its closed form gave {type(form).__name__}, not a Form "
+                         "(orchestrator.collectives.Form) or None")
+    return form

@@ -2,7 +2,7 @@
 routing tables send it.
 
 A transfer leaves `src` towards the peer's address on the NIC the schedule names (as the
-agents pick it: `runner.lab_agents.nic_addresses`, mirrored in `NIC_ADDRESSES` below and
+agents pick it: `deploy.lab_agents.nic_addresses`, mirrored in `NIC_ADDRESSES` below and
 checked against it by the unit tests; that module imports emulation, which the model may
 not). From there the routing tables decide, hop by hop: BCube servers relay by digit
 correction, the torus routes by dimension order, Fat-Tree, BiGraph and leaf-spine routers

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from orchestrator.deploy.agents import endpoints, record_deployed
 from orchestrator.deploy.answering import refuse_unanswering
 from orchestrator.deploy.playbook import FORKS, PlaybookResult, Progress
-from orchestrator.errors import BadUsage, DeployError
-from orchestrator.runner.driver import Endpoint, RunError, wait_healthy
+from orchestrator.errors import BadUsage, DeployError, RunError
+from orchestrator.runner.endpoints import Endpoint, wait_healthy
 
 VIA = ("nsenter", "ssh", "exec")
 

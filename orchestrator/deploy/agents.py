@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.emulation.journal import write_atomically
-from orchestrator.runner.driver import Endpoint
+from orchestrator.runner.endpoints import Endpoint
 from orchestrator.topology import Topology
 from orchestrator.topology.describe import diameter
 

@@ -15,7 +15,7 @@ from orchestrator.deploy.agents import DATA_PORT, METRICS_PORT, endpoints, flow_
 from orchestrator.emulation import docker_engine
 from orchestrator.emulation.cleanup import process_start_time
 from orchestrator.emulation.journal import Entry
-from orchestrator.runner.driver import shutdown
+from orchestrator.runner.endpoints import shutdown
 
 
 class DirectDeployer:

@@ -101,7 +101,8 @@ def _iperf3_ring(lab) -> tuple[float, float]:
 def measure(transports: list[str], progress: Callable[[str], None] = lambda _: None) -> Calibration:
     """Bring up the calibration lab, measure, take it down."""
     from orchestrator.emulation import Lab
-    from orchestrator.runner import driver, lab_agents, workloads
+    from orchestrator.deploy import lab_agents
+    from orchestrator.runner import driver, workloads
     from orchestrator.spec import lab_from_argument
 
     spec = lab_from_argument(LAB, name="calibrate", **{"servers.runtime": "netns", "links.bandwidth": RATE})
@@ -232,7 +233,9 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     from orchestrator.collectives import registry
     from orchestrator.collectives.partition import partitions
     from orchestrator.experiment.results import sync_times
-    from orchestrator.runner import driver, lab_agents, workloads
+    from orchestrator.deploy import lab_agents
+
+    from orchestrator.runner import driver, workloads
 
     if len(endpoints) < 2:
         raise ValueError("α needs at least two servers to send between")
@@ -285,7 +288,7 @@ def measure_lab_latency(argument: str, transports: list[str], progress: Callable
     """Bring up the lab `argument` names (netns), measure α on it over each transport, keep
     it, take the lab down. Its key in latency.json."""
     from orchestrator.emulation import Lab
-    from orchestrator.runner import lab_agents
+    from orchestrator.deploy import lab_agents
     from orchestrator.spec import lab_from_argument
 
     spec = lab_from_argument(argument, name="calibrate-alpha", **{"servers.runtime": "netns"})

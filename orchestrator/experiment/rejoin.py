@@ -13,7 +13,7 @@ import threading
 import time
 
 from orchestrator.faults import Injector
-from orchestrator.runner.driver import Endpoint
+from orchestrator.runner.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,10 @@ from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
-from orchestrator.runner import checker, driver, lab_agents
+from orchestrator.deploy import lab_agents
+
+# (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
+from orchestrator.runner import checker, driver
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down
@@ -294,7 +297,7 @@ def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: d
     """The iterations an interrupted run completed, from its agents (stopped first): what was
     measured is kept. Best effort, a few seconds at most: the teardown comes next."""
     try:
-        with driver._control_stubs(eps) as stubs:  # noqa: SLF001 - the driver's own channel set
+        with driver.control_stubs(eps) as stubs:
             for stub in stubs.values():
                 stub.Stop(pb.Empty(), timeout=2)
             replies = [stubs[e.control].Results(pb.Empty(), timeout=3) for e in eps]

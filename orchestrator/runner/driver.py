@@ -7,7 +7,6 @@ move gradients among themselves over the data plane.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import logging
@@ -16,47 +15,29 @@ import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.agent import auth, transports
+from orchestrator.agent import transports
 from orchestrator.agent.plan import build_rank_plans, chunk_bytes as default_chunk_bytes
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.membership import reform
 from orchestrator.collectives.partition import partitions
+from orchestrator.collectives.registry import reform
 from orchestrator.cost import Network, Prediction, predict_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
-from orchestrator.errors import TestbedError
+from orchestrator.errors import RunError, TestbedError  # noqa: F401  RunError re-exported
+# the Control client (runner/endpoints.py), re-exported: driver.Endpoint, driver.wait_healthy, …
+from orchestrator.runner.endpoints import (CONTROL_OPTIONS, CONTROL_SERVICE, Endpoint, control_channel,  # noqa: F401
+                                           control_stubs, refused, shutdown, wait_healthy)
 from orchestrator.runner.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
 
 log = logging.getLogger("testbed.driver")
-
-CONTROL_SERVICE = "testbed.Control"  # its name in the standard health check
-BIG = [("grpc.max_send_message_length", 256 * 2**20), ("grpc.max_receive_message_length", 256 * 2**20)]
-# Channels with equal options share one connection per address process-wide, and its reconnect
-# backoff with it: while a crashed server was down, the experiment's iteration watcher kept
-# failing to reach it, and a fresh channel to its restarted agent then failed at once with
-# UNAVAILABLE until that backoff (seconds, growing) ran out. Each channel connects on its own.
-CONTROL_OPTIONS = [*BIG, ("grpc.use_local_subchannel_pool", 1)]
-
-
-class RunError(TestbedError):
-    """A run failed on some agent; the message names the rank and node. `cut`: pairs of
-    servers (by node) between which data did not move, when the failure names them (a stall's
-    dead edges, an agent's failed send): a surviving run finds a cut-off server with them."""
-
-    def __init__(self, message: str, cut: frozenset[frozenset[str]] = frozenset()) -> None:
-        super().__init__(message)
-        self.cut = cut
-
 
 class _Rejoining(Exception):
     """A surviving run stops at once for servers that are back (see `run`'s `rejoin`)."""
@@ -72,52 +53,6 @@ class Epoch:
     nodes: tuple[str, ...]
     reason: str = "start"
     predicted_s: float | None = None  # the cost model's allreduce time for this membership
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """How to reach one agent."""
-
-    rank: int
-    node: str
-    control: str  # host:port (management network)
-    data: str  # default host:port for data
-    by_nic: dict = field(default_factory=dict)  # NIC index → host:port on that NIC's subnet
-    role: str = "worker"
-    token: str = field(default="", repr=False)  # what its Control calls carry (kept out of logs)
-
-
-class _CallDetails(
-    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-    grpc.ClientCallDetails,
-):
-    pass
-
-
-class _Token(grpc.UnaryUnaryClientInterceptor):
-    """Puts an agent's token on every call of its channel."""
-
-    def __init__(self, token: str) -> None:
-        self.metadata = auth.metadata(token)
-
-    def intercept_unary_unary(self, continuation, details, request):
-        with_token = _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self.metadata),
-                                  details.credentials, details.wait_for_ready, details.compression)
-        return continuation(with_token, request)
-
-
-def control_channel(endpoint: Endpoint) -> grpc.Channel:
-    """A channel to an agent's Control whose calls carry its token (if it has one)."""
-    channel = grpc.insecure_channel(endpoint.control, options=CONTROL_OPTIONS)
-    return grpc.intercept_channel(channel, _Token(endpoint.token)) if endpoint.token else channel
-
-
-def _refused(exc: grpc.RpcError, endpoint: Endpoint) -> RunError | None:
-    """One line for a call the agent refused for its token, which no retry will change."""
-    if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
-        return None
-    return RunError(f"agent of {endpoint.node} ({endpoint.control}) refused the orchestrator's token: it was started "
-                    "by another lab or run; stop it and start the lab's agents again")
 
 
 @dataclass
@@ -175,45 +110,6 @@ class RunResult:
              "verified": rec.verified}
             for r in self.results for rec in r.records
         ]
-
-
-@contextmanager
-def _control_stubs(endpoints: list[Endpoint]) -> Iterator[dict[str, pb_grpc.ControlStub]]:
-    """One Control channel per agent, by control address, closed on exit. A channel per call
-    would open a TCP connection per status poll (20 a second per agent) while the agents
-    are busy moving gradients."""
-    channels = {e.control: control_channel(e) for e in endpoints}
-    try:
-        yield {address: pb_grpc.ControlStub(channel) for address, channel in channels.items()}
-    finally:
-        for channel in channels.values():
-            channel.close()
-
-
-def wait_healthy(endpoints: list[Endpoint], timeout: float = 30.0) -> None:
-    """Wait until every agent answers the standard health check (grpc.health.v1, the service
-    testbed.Control SERVING: what probes and the playbooks ask, without a token), then make
-    one Control call with its token: an agent of another lab or run on that address is
-    refused in one line rather than used."""
-    deadline = time.monotonic() + timeout
-    for endpoint in endpoints:
-        while True:
-            # a fresh channel per try: a reused one would wait out gRPC's reconnect backoff
-            # after the agent finally listens
-            try:
-                with grpc.insecure_channel(endpoint.control) as channel:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(service=CONTROL_SERVICE), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    with control_channel(endpoint) as channel:
-                        pb_grpc.ControlStub(channel).Health(pb.Empty(), timeout=2)
-                    break
-            except grpc.RpcError as exc:
-                if refused := _refused(exc, endpoint):
-                    raise refused from None
-            if time.monotonic() > deadline:
-                raise RunError(f"agent of {endpoint.node} ({endpoint.control}) is not answering") from None
-            time.sleep(0.2)
 
 
 def run(
@@ -362,13 +258,13 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
                 timeout=60,
             )
         except grpc.RpcError as exc:
-            if refused := _refused(exc, endpoint):
-                raise refused from None
+            if refusal := refused(exc, endpoint):
+                raise refusal from None
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {exc.code().name}") from None
         if not reply.ok:
             raise RunError(f"configuring rank {endpoint.rank} ({endpoint.node}): {reply.error}")
 
-    with _control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
+    with control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
         _stop_stale(endpoints, stubs, pool)
         list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))  # agents connect
         started = time.monotonic()
@@ -689,8 +585,8 @@ def _stop_stale(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub]
         try:
             return stubs[endpoint.control].Status(pb.Empty(), timeout=10)
         except grpc.RpcError as exc:
-            if refused := _refused(exc, endpoint):
-                raise refused from None
+            if refusal := refused(exc, endpoint):
+                raise refusal from None
             raise RunError(f"rank {endpoint.rank} ({endpoint.node}) does not answer ({exc.code().name}): "
                            "is its agent frozen or gone? start the lab's agents again") from None
 
@@ -811,15 +707,3 @@ def _stop_all(stubs: dict[str, pb_grpc.ControlStub], silent: set[str] = frozense
             pass
 
 
-def _call_each(stubs: dict[str, pb_grpc.ControlStub], method: str) -> None:
-    """`method` (Stop, Shutdown) on every agent, skipping those already gone."""
-    for stub in stubs.values():
-        try:
-            getattr(stub, method)(pb.Empty(), timeout=5)
-        except grpc.RpcError:
-            pass
-
-
-def shutdown(endpoints: list[Endpoint]) -> None:
-    with _control_stubs(endpoints) as stubs:
-        _call_each(stubs, "Shutdown")

@@ -1,6 +1,7 @@
 """The experiment file: a lab, the agents' algorithms and workload, a fault timeline and sweeps.
 
     name: smoke                                  # names the results directory
+    plugins: [my_alg.py]                         # files registering algorithms (README "Your own algorithm")
     lab: ../topologies/bcube-4-1.yaml            # a lab file (relative to this file) or a lab mapping
     agents:
       via: nsenter                               # nsenter | ssh | exec (deploy.VIA)
@@ -224,6 +225,8 @@ AUTO_PLACEHOLDER = "1Gbit"
 class ExperimentSpec(_Strict):
     name: Name
     description: str = Field("", max_length=2000)
+    plugins: list[str] = Field([], max_length=16, description="files registering algorithms, relative to this file "
+                               "(loaded before agents.algorithms is read)")
     lab: LabSpec
     agents: AgentsSpec
     iterations: int = Field(5, strict=True, ge=1, le=MAX_ITERATIONS)
@@ -270,11 +273,17 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
 
     `lab:` as a string is a lab file relative to the experiment file's directory, read (and
     its errors named) as a lab file; as a mapping it is validated in place."""
-    from orchestrator.errors import SpecError
+    from orchestrator import plugins
+    from orchestrator.errors import PluginError, SpecError
     from orchestrator.spec.loader import display_path, load, read_yaml, validate
 
     path = Path(path)
     data = read_yaml(path)
+    plugins.load_entry_points()
+    try:
+        plugins.load_for_experiment(data.get("plugins"), path)
+    except PluginError as exc:
+        raise SpecError(f"{display_path(path)}: {exc}") from None
     lab = data.get("lab")
     if isinstance(lab, str):
         if not lab.strip():

@@ -16,7 +16,8 @@ import pytest
 from orchestrator.agent import auth
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator.runner import driver, lab_agents
+from orchestrator.deploy import lab_agents
+from orchestrator.runner import driver
 from orchestrator.runner.local import free_ports, local_agents
 
 
@@ -75,7 +76,7 @@ def test_an_agent_without_a_token_refuses_to_start():
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         f"testbed-agent: {auth.TOKEN_ENV} is not set: Control answers only calls carrying a token; start agents "
-        "with testbed (runner.lab_agents or runner.local), or set it"
+        "with testbed (deploy.lab_agents or runner.local), or set it"
     ]
 
 

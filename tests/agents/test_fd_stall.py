@@ -144,7 +144,7 @@ def test_a_frozen_agent_fails_the_run_within_the_stall_timeout_and_thawed_is_reu
 def test_a_run_its_driver_left_behind_is_stopped_before_the_next_one(caplog):
     tensors = [100_000]
     with local_agents(3) as eps:
-        with driver._control_stubs(eps) as stubs:  # a driver that starts a long run, then is gone
+        with driver.control_stubs(eps) as stubs:  # a driver that starts a long run, then is gone
             plans = driver.build_rank_plans(driver.registry.schedules("ring", driver.Context(3), tensors[0],
                                                                       driver.partitions(tensors, None)), 3)
             peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data) for e in eps]

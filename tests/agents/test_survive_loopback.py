@@ -26,7 +26,7 @@ def agent_pid(endpoint) -> int:
 
 
 def until_iteration(endpoints, iteration: int, outcome: dict) -> None:
-    with driver._control_stubs(endpoints) as stubs:
+    with driver.control_stubs(endpoints) as stubs:
         deadline = time.monotonic() + 60
         while True:
             assert "ended" not in outcome, outcome

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.collectives.context import Context
-from orchestrator.runner import driver, lab_agents, workloads
+from orchestrator.deploy import lab_agents
+from orchestrator.runner import driver, workloads
 from tests.netns.probes import tx_bytes
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"

@@ -22,7 +22,9 @@ from orchestrator.deploy.agents import data_addresses
 from orchestrator.deploy.playbook import PROJECT
 from orchestrator.emulation import docker_engine
 from orchestrator.errors import DeployError
-from orchestrator.runner import driver, lab_agents, workloads
+from orchestrator.deploy import lab_agents
+
+from orchestrator.runner import driver, workloads
 
 AGENT_HOME = "/etc/testbed/agent"
 SERVICES = ("", "testbed.Control", "testbed.Data")

@@ -13,7 +13,9 @@ from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
 from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
-from orchestrator.runner import driver, lab_agents, workloads
+from orchestrator.deploy import lab_agents
+
+from orchestrator.runner import driver, workloads
 
 STALL = 5.0
 MARGIN = 20.0  # generous: two busy cores, the driver's Stop calls, the thread's join
@@ -54,7 +56,7 @@ def run_in_thread(lab, endpoints) -> tuple[threading.Thread, dict]:
 
 def until_running(endpoints, outcome: dict, iterations: int = 2) -> None:
     """Until every agent is past its first iterations (the run is moving data)."""
-    with driver._control_stubs(endpoints) as stubs:
+    with driver.control_stubs(endpoints) as stubs:
         deadline = time.monotonic() + 60
         while True:
             assert "ended" not in outcome, outcome

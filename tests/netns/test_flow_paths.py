@@ -11,7 +11,9 @@ import subprocess
 from orchestrator.agent import transports
 from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
-from orchestrator.runner import driver, lab_agents, workloads
+from orchestrator.deploy import lab_agents
+
+from orchestrator.runner import driver, workloads
 
 ELEMENTS = 250_000  # 1 MB
 PORT = transports.data_port(transports.DEFAULT, lab_agents.DATA_PORT)  # where the run's data connections go

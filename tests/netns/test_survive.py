@@ -16,7 +16,9 @@ from orchestrator.cost import Network
 from orchestrator.deploy import deploy
 from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
-from orchestrator.runner import checker, driver, lab_agents, workloads
+from orchestrator.deploy import lab_agents
+
+from orchestrator.runner import checker, driver, workloads
 
 STALL = 5.0
 TENSORS = [500_000]
@@ -78,7 +80,7 @@ class Job:
             self.outcome["error"] = exc
 
     def until_iteration(self, iteration: int, eps=None) -> None:
-        with driver._control_stubs(eps or self.eps) as stubs:
+        with driver.control_stubs(eps or self.eps) as stubs:
             deadline = time.monotonic() + 90
             while True:
                 assert self.thread.is_alive(), self.outcome

@@ -68,7 +68,7 @@ def fattree():
 
 def iteration_of(eps) -> int:
     """The iteration the slowest of these agents is at."""
-    with driver._control_stubs(eps) as stubs:
+    with driver.control_stubs(eps) as stubs:
         return min(stubs[e.control].Status(pb.Empty(), timeout=5).iteration for e in eps)
 
 

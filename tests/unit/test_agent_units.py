@@ -150,7 +150,7 @@ def test_channel_options_fix_the_window_or_leave_it_to_bdp_probing():
 )
 def test_flow_window_is_twice_the_bdp_across_the_diameter(lab, overrides, expected):
     from orchestrator import topology
-    from orchestrator.runner.lab_agents import flow_window
+    from orchestrator.deploy.lab_agents import flow_window
     from orchestrator.spec import lab_from_argument
 
     spec = lab_from_argument(lab, **overrides)

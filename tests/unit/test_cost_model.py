@@ -334,7 +334,7 @@ def test_ecmp_splits_a_connection_evenly_at_every_hop():
 @pytest.mark.parametrize("kind, params", [("bcube", {"n": 3, "k": 1}), ("torus", {"k": 4, "d": 2}),
                                           ("torus", {"k": 2, "d": 2})])
 def test_nic_addresses_mirror_the_agents_choice(kind, params):
-    from orchestrator.runner.lab_agents import nic_addresses
+    from orchestrator.deploy.lab_agents import nic_addresses
 
     topology = make_topology(kind, **params)
     for server in topology.servers:

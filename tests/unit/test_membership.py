@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.membership import reform
+from orchestrator.collectives.registry import reform
 
 WORKERS = [f"w{i}" for i in range(5)]
 

@@ -42,7 +42,7 @@ def channel_options(window_bytes: int = 0) -> list[tuple[str, int]]:
     probing — but behind a deep link queue it measures the queueing delay too and lets every
     connection buffer megabytes (a mesh agent has N−1 of them: measured ~98 MiB beyond its
     gradient at 1 Gbit). Inside a lab the orchestrator knows the BDP and fixes the window
-    instead (see `runner.lab_agents.flow_window`).
+    instead (see `deploy.lab_agents.flow_window`).
 
     HTTP/2 frames of up to 1 MiB instead of gRPC's 16 KiB: a 1 MiB chunk then crosses as one
     or two DATA frames instead of 64, each parsed and flow-controlled on its own. In a

@@ -1,0 +1,91 @@
+"""Agents inside a live lab, for scripts and tests: a thin call into orchestrator.deploy.
+
+    agents = lab_agents.start(lab)              # Ansible through nsenter, supervised, healthy
+    result = agents.run("hips", tensors, iterations=5)   # the faithful run: paced, predicted
+
+`start` gives a LabAgents: the agents' endpoints (a list, as driver.run takes them) that know
+their lab, so that `run` is the run `testbed run` makes with no further arguments: every
+connection paced at its fair share over the paths the connections really hashed onto, the
+cost model's prediction beside the measurement, a stall named with the dead link on its
+path. Opting out is explicit (`faithful=False`: unpaced, unpredicted).
+
+What the orchestrator knows of the agents (ports, addresses, window, tokens) lives in
+orchestrator/deploy/agents.py and is re-exported here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from orchestrator.agent import transports
+from orchestrator.deploy.agents import (
+    CONTROL_PORT,
+    DATA_PORT,
+    METRICS_PORT,
+    MIN_WINDOW,
+    agent_token,
+    endpoints,
+    flow_window,
+    lab_secret,
+    nic_addresses,
+)
+from orchestrator.collectives.context import Context
+from orchestrator.runner.driver import Endpoint, RunResult, shutdown
+
+__all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
+           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "stop"]
+
+
+class LabAgents(list):
+    """The agents of a live lab: their endpoints, in rank order (workers, then parameter
+    servers), and `run`, whose default is the faithful run."""
+
+    def __init__(self, lab, endpoints: list[Endpoint]) -> None:
+        super().__init__(endpoints)
+        self.lab = lab
+
+    def run(self, algorithm: str, tensors: list[int], workload: dict | list[dict] | None = None,
+            iterations: int = 3, *, options: dict | None = None, latency: float = 0.0, faithful: bool = True,
+            transport: str = transports.DEFAULT, **more) -> RunResult:
+        """`iterations` of `algorithm` over these agents (workload: emulated, no compute, unless
+        given). Faithful unless told otherwise: paced at fair shares over the hashed paths,
+        predicted from the lab's links (`latency`: α per message, e.g. as `testbed calibrate
+        --latency-only --lab` measured it; 0 leaves it out), stalls named with the link that is
+        down. `faithful=False` runs unpaced and unpredicted. `more`: driver.run's other
+        arguments (partition_bytes, credit_bytes, timeout, survive, trace, …)."""
+        from orchestrator.cost import Network
+        from orchestrator.runner import driver, workloads
+
+        workers = [e for e in self if e.role == "worker"]
+        ranked = sorted(self, key=lambda e: e.rank)
+        ctx = Context(len(workers), self.lab.topology, tuple(e.node for e in ranked), dict(options or {}))
+        workload = workloads.emulated(tensors) if workload is None else workload
+        faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency),
+                             link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
+            if faithful else dict(pace=False)
+        return driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
+                          **faithful_args, **more)
+
+
+def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter") -> LabAgents:
+    """Deploy an agent on each server (default: all) and wait until all answer; their
+    endpoints, as LabAgents. `via`: nsenter (Ansible, default), ssh, or exec (no Ansible,
+    unsupervised)."""
+    from orchestrator.deploy import deploy
+
+    return LabAgents(lab, deploy(lab, servers, roles, via=via).endpoints)
+
+
+def flow_paths(lab, transport: str = transports.DEFAULT) -> Callable[[], dict]:
+    """What driver.run's `flow_paths` reads: the paths the agents' data connections over
+    `transport` took."""
+    port = transports.data_port(transport, DATA_PORT)
+    return lambda: lab.connection_paths(port)
+
+
+def stop(eps: list[Endpoint]) -> None:
+    """Stop a run's agents through Control (a supervised agent is started again: use
+    orchestrator.deploy.undeploy to remove agents)."""
+    shutdown(eps)
+    time.sleep(0.2)

@@ -1,0 +1,197 @@
+"""A user's algorithms, loaded the way Mininet's `--custom` loads topologies.
+
+A plugin is a Python file (or an installed package) that calls
+`orchestrator.collectives.register(name, build, ...)`, the call the built-ins use. It is found
+three ways:
+
+- `--plugin FILE` on `testbed run`, `predict` and `check-algorithm` (load_file);
+- `plugins: [my_alg.py]` in an experiment file, relative to that file and inside its
+  directory (load_for_experiment);
+- the entry-point group `testbed.algorithms` of an installed package: the entry point's name
+  is the algorithm's, its object a module that registers it or the `build` callable itself
+  (load_entry_points).
+
+A plugin is code that runs as the user running testbed, often root, so a file is refused
+(one line naming it and why) when it is not a regular `.py` file of at most 1 MiB, is
+writable by others, sits in a directory others may write without the sticky bit, or belongs
+to neither root nor the user. A plugin that does not compile, raises while loading, takes
+a name already registered or registers nothing is refused the same way, and whatever it
+registered before failing is taken out again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+import traceback
+import types
+from importlib import metadata
+from pathlib import Path
+
+from orchestrator.collectives import table
+from orchestrator.errors import PluginError
+
+ENTRY_POINTS = "testbed.algorithms"
+MAX_PLUGIN_BYTES = 1 << 20
+MAX_PLUGINS = 16  # in one experiment file
+
+_files: dict[Path, list[str]] = {}  # resolved file → the algorithms it registered
+_entry_points_loaded = False
+
+
+def load_file(path: str | Path, *, root: Path | None = None) -> list[str]:
+    """Import the plugin at `path`; the names of the algorithms it registered. Loading a file
+    again returns what it registered the first time. `root`: the directory it must stay in."""
+    path = Path(path)
+    shown = str(path)
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise PluginError(f"plugin {shown}: no such file: give the path of a .py file that calls "
+                          "orchestrator.collectives.register") from None
+    if resolved in _files:
+        return list(_files[resolved])
+    if root is not None and not resolved.is_relative_to(root.resolve()):
+        raise PluginError(f"plugin {shown}: leaves {root} (through .. or a symlink): keep it beside the experiment "
+                          "file or pass it with --plugin")
+    source = _read(resolved, shown)
+    try:
+        code = compile(source, shown, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise PluginError(f"plugin {shown}:{exc.lineno or '?'}: syntax error: {exc.msg}") from None
+    except ValueError as exc:  # NUL bytes
+        raise PluginError(f"plugin {shown}: not Python source ({exc})") from None
+    module = types.ModuleType(f"testbed_plugins.{_module_name(resolved)}")
+    module.__file__ = str(resolved)
+    names = _registering(shown, lambda: _execute(code, module, shown))
+    _files[resolved] = names
+    return list(names)
+
+
+def load_for_experiment(plugins: object, experiment: Path) -> list[str]:
+    """An experiment file's `plugins:` list, each relative to (and inside) its directory."""
+    if plugins is None:
+        return []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) and p.strip() for p in plugins):
+        raise PluginError("plugins: a list of .py files beside the experiment file, e.g. plugins: [my_alg.py]")
+    if len(plugins) > MAX_PLUGINS:
+        raise PluginError(f"plugins: {len(plugins)} files, more than {MAX_PLUGINS}: register several algorithms in one")
+    names: list[str] = []
+    for index, plugin in enumerate(plugins):
+        if Path(plugin).is_absolute():
+            raise PluginError(f"plugins[{index}]: {plugin} is an absolute path: name it relative to the experiment "
+                              "file (or pass it with --plugin)")
+        try:
+            names += load_file(experiment.parent / plugin, root=experiment.parent)
+        except PluginError as exc:
+            raise PluginError(f"plugins[{index}]: {exc}") from None
+    return names
+
+
+def load_entry_points() -> list[str]:
+    """The algorithms of installed packages' `testbed.algorithms` entry points (once per process)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return []
+    _entry_points_loaded = True
+    names: list[str] = []
+    for entry in metadata.entry_points(group=ENTRY_POINTS):
+        shown = f"entry point {entry.name} = {entry.value}"
+        names += _registering(shown, lambda entry=entry, shown=shown: _from_entry_point(entry, shown))
+    return names
+
+
+def _from_entry_point(entry: metadata.EntryPoint, shown: str) -> None:
+    try:
+        loaded = entry.load()
+    except Exception as exc:  # a broken package: name it, not a traceback
+        raise PluginError(f"{shown}: {type(exc).__name__}: {exc}") from None
+    if entry.name not in table.ALGORITHMS and callable(loaded) and not isinstance(loaded, types.ModuleType):
+        try:
+            table.register(entry.name, loaded)
+        except ValueError as exc:
+            raise PluginError(f"{shown}: {exc}") from None
+    if entry.name not in table.ALGORITHMS:
+        raise PluginError(f"{shown}: registers no algorithm named {entry.name}: point it at a build callable or a "
+                          "module that calls orchestrator.collectives.register")
+
+
+def _registering(shown: str, load) -> list[str]:
+    """Run `load` recording `shown` as the origin of what it registers; the new names, or,
+    when it fails, nothing left registered and a PluginError."""
+    before = set(table.ALGORITHMS)
+    try:
+        with table.origin(shown):
+            load()
+    except BaseException:
+        for name in set(table.ALGORITHMS) - before:
+            del table.ALGORITHMS[name]
+        raise
+    names = [name for name in table.ALGORITHMS if name not in before]
+    if not names and not shown.startswith("entry point"):
+        raise PluginError(f"plugin {shown} registers no algorithm: call orchestrator.collectives.register(name, build) "
+                          "in it")
+    return names
+
+
+def _execute(code: types.CodeType, module: types.ModuleType, shown: str) -> None:
+    sys.modules[module.__name__] = module  # pydantic models and dataclasses look their module up
+    try:
+        exec(code, module.__dict__)  # noqa: S102: the user's own plugin, as mn --custom
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module.__name__]
+        if isinstance(exc, PluginError):
+            raise
+        # register's own refusals (a taken name, a part that is not callable) read as they are
+        if isinstance(exc, MemoryError):
+            what = "ran out of memory while loading (more than this process may have)"
+        elif isinstance(exc, ValueError) and str(exc).startswith("algorithm"):
+            what = str(exc)
+        else:
+            what = f"{type(exc).__name__}: {exc}"
+        raise PluginError(f"plugin {shown}:{_line(exc, shown)}: {what}") from None
+
+
+def _line(exc: BaseException, shown: str) -> str:
+    """The line of the plugin file where `exc` left it ('?' when it never ran there)."""
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == shown]
+    return str(lines[-1]) if lines else "?"
+
+
+def _read(path: Path, shown: str) -> str:
+    """The plugin's source, after the checks that make running it no one else's choice."""
+    if path.suffix != ".py":
+        raise PluginError(f"plugin {shown}: not a .py file: a plugin is Python source")
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise PluginError(f"plugin {shown}: not a regular file: give a .py file")
+    if info.st_size > MAX_PLUGIN_BYTES:
+        raise PluginError(f"plugin {shown}: {info.st_size:,} bytes, more than the {MAX_PLUGIN_BYTES:,} a plugin may "
+                          "have")
+    if info.st_uid not in (0, os.geteuid()):
+        raise PluginError(f"plugin {shown}: unsafe: owned by uid {info.st_uid}, neither root nor you: chown it "
+                          "or copy it")
+    if info.st_mode & stat.S_IWOTH:
+        raise PluginError(f"plugin {shown}: unsafe: anyone may write it: chmod o-w {shown}")
+    parent = path.parent.stat()
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        raise PluginError(f"plugin {shown}: unsafe: anyone may replace it in {path.parent}: move it to a directory "
+                          "only you may write")
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_PLUGIN_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PluginError(f"plugin {shown}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _module_name(path: Path) -> str:
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    return f"{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+
+
+def described() -> list[tuple[str, str]]:
+    """(name, origin) of every registered algorithm: the built-ins and the plugins loaded."""
+    return [(name, algorithm.origin) for name, algorithm in sorted(table.ALGORITHMS.items())]
