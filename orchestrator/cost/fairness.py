@@ -15,8 +15,10 @@ from typing import Sequence
 Usage = Sequence[tuple[int, float]]
 
 
-def max_min_rates(entities: Sequence[Usage], capacity: float) -> list[float]:
-    """Rate of each entity (bytes/s) when every link direction carries `capacity`."""
+def max_min_rates(entities: Sequence[Usage], capacity: float | Sequence[float]) -> list[float]:
+    """Rate of each entity (bytes/s) when every link direction carries `capacity`, or link
+    direction i carries capacity[i]."""
+    room = (lambda link: capacity) if isinstance(capacity, (int, float)) else capacity.__getitem__
     rates = [0.0] * len(entities)
     users: dict[int, list[int]] = {}
     weight: dict[int, float] = {}  # link → Σ coefficients of its unfrozen users
@@ -28,7 +30,7 @@ def max_min_rates(entities: Sequence[Usage], capacity: float) -> list[float]:
     frozen = [False] * len(entities)
 
     def level(link: int) -> float:  # the common rate at which `link` fills up
-        return (capacity - frozen_load[link]) / weight[link]
+        return (room(link) - frozen_load[link]) / weight[link]
 
     heap = [(level(link), link, weight[link]) for link in weight]
     heapq.heapify(heap)

@@ -68,11 +68,12 @@ class Prediction:
         return {load.link: load.bytes for load in self.links}
 
     def bottlenecks(self, tolerance: float = 1e-6) -> list[LinkLoad]:
-        """The link directions carrying the most bytes (all of them, within `tolerance`)."""
+        """The link directions busiest for their rate (all of them, within `tolerance`): on
+        links of one rate, those carrying the most bytes; a slower link's fewer bytes can be."""
         if not self.links:
             return []
-        top = self.links[0].bytes
-        return [load for load in self.links if load.bytes >= top * (1 - tolerance)]
+        top = max(load.utilisation for load in self.links)
+        return [load for load in self.links if load.utilisation >= top * (1 - tolerance)]
 
     def to_json(self) -> dict:
         return {
@@ -124,6 +125,7 @@ def predict_schedules(
         return run, back_to_back
 
     run, back_to_back = model(network)
+    capacities = routes.capacities(network)
     per_run = back_to_back if back_to_back is not None else run.seconds
     parts = None
     if attribute:
@@ -133,14 +135,13 @@ def predict_schedules(
         if network.latency > 0:
             alone, in_a_row = model(dataclasses.replace(network, latency=0.0))
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
-        bandwidth = min(max(run.link_bytes, default=0.0) / network.payload_rate, without)
+        bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
         parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0
     algorithm = schedules[0][1].algorithm if schedules else "none"
-    capacity = network.payload_rate * run.seconds
     loads = sorted(
-        (LinkLoad(str(routes.directions[i]), b, b / capacity if capacity > 0 else 0.0)
+        (LinkLoad(str(routes.directions[i]), b, b / (capacities[i] * run.seconds) if run.seconds > 0 else 0.0)
          for i, b in enumerate(run.link_bytes) if b > 0),
         key=lambda load: (-load.bytes, load.link),
     )

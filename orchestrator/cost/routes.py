@@ -98,6 +98,12 @@ class Routes:
         self._usage: dict[tuple[str, Address], tuple[Usage, float]] = {}
         self._addresses: dict[tuple[str, int | None], Address] = {}
 
+    def capacities(self, network) -> list[float]:
+        """Payload bytes/s of every link direction, by index: its own rate (the topology's
+        `rates`, from links.overrides) or the network's, times the payload share."""
+        rates = self.topology.rates
+        return [rates.get((d.src, d.dst), network.bandwidth) / 8 * network.efficiency for d in self.directions]
+
     def address(self, dst: str, nic: int | None = None) -> Address:
         """The address of server `dst` a transfer leaving by `nic` goes to."""
         key = (dst, nic)

@@ -18,15 +18,20 @@ from typing import Sequence
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
 from orchestrator.cost.fairness import max_min_rates
+from orchestrator.cost.network import Network
 from orchestrator.cost.routes import Routes
 
 ShareKey = tuple[int, int, Transfer]  # (partition index, step, transfer)
 
 
 def fair_shares(routes: Routes, schedules: Sequence[tuple[Partition, Schedule]],
-                nodes: Sequence[str]) -> dict[ShareKey, float]:
+                nodes: Sequence[str], network: Network | None = None) -> dict[ShareKey, float]:
     """{(partition index, step, transfer): its connection's share of a link, in (0, 1]} for
-    every transfer between two different servers; rank r sits on `nodes[r]`."""
+    every transfer between two different servers; rank r sits on `nodes[r]`. A share is of
+    the network's nominal link rate (what the agents multiply it by): a connection over a
+    link of its own, slower rate (links.overrides) gets that link's part of it."""
+    nominal = network.payload_rate if network is not None else 1.0
+    room: float | list[float] = [c / nominal for c in routes.capacities(network)] if network is not None else 1.0
     shares: dict[ShareKey, float] = {}
     for index, (_, schedule) in enumerate(schedules):
         for step_no, step in enumerate(schedule.steps):
@@ -40,7 +45,7 @@ def fair_shares(routes: Routes, schedules: Sequence[tuple[Partition, Schedule]],
                 connections.setdefault(key, []).append(transfer)
                 usage[key] = routes.usage(src, dst, transfer.nic)[0]
             keys = list(connections)
-            for key, rate in zip(keys, max_min_rates([usage[k] for k in keys], 1.0)):
+            for key, rate in zip(keys, max_min_rates([usage[k] for k in keys], room)):
                 for transfer in connections[key]:
                     shares[(index, step_no, transfer)] = min(1.0, rate)
     return shares

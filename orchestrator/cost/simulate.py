@@ -268,7 +268,7 @@ class _Run:
     ) -> None:
         self.routes = routes
         self.network = network
-        self.capacity = network.payload_rate
+        self.capacity = routes.capacities(network)  # per link direction: links.overrides
         self.credit = credit_bytes
         self.buffer = float(receive_buffer_bytes)
         self.send_buffer = float(send_buffer_bytes)

@@ -28,7 +28,7 @@ from orchestrator.emulation.journal import Entry, LabState, busy_error, global_l
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
 from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
-from orchestrator.topology import Link, Topology, from_lab, reroute
+from orchestrator.topology import Endpoint, Link, Topology, from_lab, reroute
 from orchestrator.topology.model import BRIDGE
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -584,7 +584,9 @@ class _Builder:
             if iface.address is not None:
                 kernel.add_address(nl, space, iface.name, iface.address, metrics)
         for ifname in self.link_ends(name):
-            kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
+            peer = self.topology.peer(Endpoint(name, ifname))
+            rate = int(self.topology.rate_of(name, peer.node, links.bandwidth)) if peer else links.bandwidth
+            kernel.shape(nl, space, ifname, rate, links.queue, links.delay, links.jitter, links.loss)
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the

@@ -91,8 +91,9 @@ def _degrade(lab, fault: Fault, held: Held) -> None:
 
 def _undegrade(lab, fault: Fault, held: Held) -> None:
     links = lab.spec.links
-    for link in fault.target.links:
-        lab.set_link_shape(link, links.bandwidth, links.delay, links.jitter, links.loss,
+    for link in fault.target.links:  # back to the link's own rate (links.overrides) or the lab's
+        a, b = link.nodes()
+        lab.set_link_shape(link, int(lab.topology.rate_of(a, b, links.bandwidth)), links.delay, links.jitter, links.loss,
                            queue_too=any(fault.params.get(k) for k in ("delay", "jitter", "loss")))
 
 

@@ -236,7 +236,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     span.predicted = predicted
     paced = predicted is not None and how.pace and in_lab
     # in a lab, each connection paced at its fair share (agent/pacing.py says why)
-    plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes), network.payload_rate) if paced \
+    plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes, network), network.payload_rate) if paced \
         else build_rank_plans(schedules, ranks)
     hashed = predicted is not None and in_lab and how.flow_paths is not None and ctx.topology.has_ecmp
     path_of = _path_finder(ctx) if in_lab else None
@@ -276,7 +276,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
             predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, send_buffer, routes)
             span.predicted = predicted
             if paced:
-                repaced = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes),
+                repaced = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes, network),
                                            network.payload_rate)
         stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
         # all ranks enter the first iteration together, once every Start has arrived

@@ -204,8 +204,20 @@ TopologySpec = Annotated[
 TOPOLOGY_KINDS = ("bcube", "fattree", "torus", "bigraph", "leafspine", "star")
 
 
+MAX_LINK_OVERRIDES = 4096
+
+
+class LinkOverride(_Strict):
+    """One link (both directions) at a rate of its own: a slower uplink, an oversubscribed tier."""
+
+    link: str = Field(pattern=r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.]+$", max_length=64,
+                      description="NODE-NODE as `testbed status` lists it, e.g. l0s0-h00")
+    bandwidth: Rate = Field(description="e.g. 50Mbit")
+
+
 class LinksSpec(_Strict):
-    """Every fabric link, both directions. Delay, jitter and loss need sch_netem."""
+    """Every fabric link, both directions. Delay, jitter and loss need sch_netem. `overrides`
+    give single links a rate of their own (the cost model and pacing use each link's)."""
 
     bandwidth: Rate = Field(default=1_000_000_000, description="e.g. 100Mbit, 1Gbit")
     delay: NetemTime = 0.0
@@ -213,6 +225,8 @@ class LinksSpec(_Strict):
     loss: Percent = 0.0
     queue: int = Field(strict=True, default=1000, ge=1, le=MAX_QUEUE, description="packets, e.g. 1000")
     mtu: int = Field(strict=True, default=1500, ge=MIN_MTU, le=MAX_MTU, description="bytes; 9000 for jumbo frames")
+    overrides: tuple[LinkOverride, ...] = Field((), max_length=MAX_LINK_OVERRIDES,
+                                          description="links at a rate of their own, e.g. [{link: l0-s0, bandwidth: 50Mbit}]")
 
     @property
     def needs_netem(self) -> bool:

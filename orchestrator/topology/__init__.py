@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 
 # Only the standard library below this package: Mininet's `mn` loads it with Debian's Python.
+from orchestrator.errors import TopologyError
 from orchestrator.topology import bcube, fattree, switched, torus
 from orchestrator.topology.model import (
     Endpoint,
@@ -68,5 +69,12 @@ def build(spec, addressing=None) -> Topology:
 
 
 def from_lab(lab) -> Topology:
-    """The topology of a validated LabSpec."""
-    return build(lab.topology, lab.addressing)
+    """The topology of a validated LabSpec, with its links' own rates (links.overrides)."""
+    topology = build(lab.topology, lab.addressing)
+    for index, override in enumerate(lab.links.overrides):
+        a, b = override.link.split("-")
+        if not topology.links_between(a, b):
+            raise TopologyError(f"links.overrides[{index}].link: {override.link}: this {topology.kind} has no link "
+                                f"between {a} and {b} (`testbed topology` lists its links)")
+        topology.rates[(a, b)] = topology.rates[(b, a)] = float(override.bandwidth)
+    return topology

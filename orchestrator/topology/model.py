@@ -133,6 +133,8 @@ class Topology:
         self.params = params
         self.nodes = nodes
         self.links = links
+        # bits/s of single link directions that are not the lab's links.bandwidth (links.overrides)
+        self.rates: dict[tuple[str, str], float] = {}
         self._routes = routes
         self._lazy_routes = lazy_routes
         self.facts = facts
@@ -175,6 +177,10 @@ class Topology:
 
     def links_of(self, node: str) -> list[Link]:
         return [link for link in self.links if node in link.nodes()]
+
+    def rate_of(self, a: str, b: str, default: float) -> float:
+        """Bits/s of the link direction a → b: its own rate, or the lab's `default`."""
+        return self.rates.get((a, b), default)
 
     def links_between(self, a: str, b: str) -> list[Link]:
         """The links wiring nodes a and b together (none if they are not neighbours)."""

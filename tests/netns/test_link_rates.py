@@ -1,0 +1,55 @@
+"""A link at a rate of its own (links.overrides) is shaped at that rate at both ends, and a
+run over it is predicted with it as the bottleneck; a link-degrade fault healed gives the link
+its own rate back, not the lab's. Lab: ex-rates."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from orchestrator.deploy import lab_agents
+from orchestrator.faults import Injector
+from orchestrator.runner import workloads
+
+TENSORS = [1 << 19]  # 2 MiB
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from orchestrator.emulation import Lab
+    from orchestrator.spec import lab_from_argument
+    from orchestrator.spec.lab import LabSpec
+
+    data = lab_from_argument("star,4", name="ex-rates", **{"links.bandwidth": "100Mbit", "servers.runtime": "netns"})
+    data = data.model_dump(mode="json")
+    data["links"]["overrides"] = [{"link": "h0-sw", "bandwidth": "40Mbit"}]
+    with Lab.up(LabSpec.model_validate(data)) as live:
+        yield live
+
+
+def rates(lab) -> dict[str, int]:
+    return {f"{link['a']}-{link['b']}": link["rate_bps"] for link in lab.status()["links"]}
+
+
+def test_the_slow_link_is_shaped_and_the_ring_runs_at_its_pace(lab):
+    shaped = rates(lab)
+    assert shaped.pop("h0-sw", None) == 40_000_000 or shaped.pop("sw-h0", None) == 40_000_000, rates(lab)
+    assert set(shaped.values()) == {100_000_000}
+    agents = lab_agents.start(lab, via="exec")
+    result = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=5)
+    predicted = result.predicted
+    assert {load.link for load in predicted.bottlenecks()} == {"h0→sw", "sw→h0"}
+    seconds = statistics.mean(result.back_to_back_times())
+    # 2·3/4 · 2 MiB at 40 Mbit's payload rate: what the slow link allows, not the lab's 100 Mbit
+    assert predicted.per_run > 1.5 * 2 * 3 / 4 * (TENSORS[0] * 4) / (100e6 / 8)
+    print(f"ring over a 40 Mbit link in a 100 Mbit star: {seconds:.3f} s, predicted {predicted.per_run:.3f} s")
+    assert 0.85 <= seconds / predicted.per_run <= 1.15
+
+
+def test_a_healed_degrade_gives_the_link_its_own_rate_back(lab):
+    injector = Injector(lab)
+    fault = injector.inject("link-degrade", "h0-sw", {"rate": "10Mbit"}).fault
+    assert 10_000_000 in rates(lab).values()
+    injector.undo(fault.id)
+    assert sorted(rates(lab).values()) == [40_000_000] + [100_000_000] * 3
