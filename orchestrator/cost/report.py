@@ -145,8 +145,10 @@ def render(report: Report, top: int = 8) -> str:
         lines.append(f"                    {report.form.source}")
     bottlenecks = p.bottlenecks()
     if bottlenecks:
-        lines.append(f"bottlenecks: {len(bottlenecks)} of the {len(p.links)} link directions in use carry the most, "
-                     f"{_size(bottlenecks[0].bytes)} each; the busiest {min(top, len(p.links))}:")
-    for load in p.links[:top]:
+        same = len({round(load.bytes) for load in bottlenecks}) == 1
+        lines.append(f"bottlenecks: {len(bottlenecks)} of the {len(p.links)} link directions in use are the busiest "
+                     f"for their rate" + (f", {_size(bottlenecks[0].bytes)} each" if same else "")
+                     + f"; the busiest {min(top, len(p.links))}:")
+    for load in sorted(p.links, key=lambda load: (-load.utilisation, -load.bytes, load.link))[:top]:
         lines.append(f"  {load.link:<28} {_size(load.bytes):>11}  {load.utilisation:6.1%}")
     return "\n".join(lines)

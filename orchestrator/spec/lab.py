@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import (
@@ -24,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -197,11 +199,116 @@ class StarSpec(_Strict):
     servers: int = Field(strict=True, ge=1, le=4000)
 
 
+MAX_GRAPH_NODES, MAX_GRAPH_LINKS = 8192, 32768
+NODE_NAMES = "node names are a lower case letter, then letters, digits or _, at most 10 (Linux interface names)"
+NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,9}$", description=NODE_NAMES)]
+
+
+class GraphLinkSpec(_Strict):
+    """One link of a graph: its two nodes and, optionally, a rate of its own."""
+
+    a: NodeName
+    b: NodeName
+    bandwidth: Rate | None = None
+
+
+def _graph_link(value: Any) -> Any:
+    """A link as `[a, b]` or `a-b`, or a mapping with a bandwidth."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return {"a": value[0], "b": value[1]}
+    if isinstance(value, str) and value.count("-") == 1:
+        a, b = value.split("-")
+        return {"a": a, "b": b}
+    return value
+
+
+class GraphSpec(_Strict):
+    """Any network (topology/graph.py): servers with one NIC each, l2 and l3 switches, links.
+    `file:` reads them from GraphML or networkx node-link JSON beside the lab file instead."""
+
+    kind: Literal["graph"]
+    servers: tuple[NodeName, ...] = Field(min_length=1, max_length=4096, description=NODE_NAMES)
+    l2: tuple[NodeName, ...] = Field((), max_length=MAX_GRAPH_NODES, description=NODE_NAMES)
+    l3: tuple[NodeName, ...] = Field((), max_length=MAX_GRAPH_NODES, description=NODE_NAMES)
+    links: tuple[Annotated[GraphLinkSpec, BeforeValidator(_graph_link)], ...] = Field(
+        min_length=1, max_length=MAX_GRAPH_LINKS, description="[a, b], a-b or {a, b, bandwidth}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or "file" not in data:
+            return data
+        extra = set(data) - {"kind", "file"}
+        if extra:
+            raise ValueError(f"file: gives the whole graph; drop {', '.join(sorted(map(str, extra)))}")
+        directory = (info.context or {}).get("directory", Path("."))
+        return {"kind": "graph", **read_graph_file(directory, data["file"])}
+
+    @model_validator(mode="after")
+    def _routable(self) -> "GraphSpec":
+        from orchestrator.errors import TopologyError
+        from orchestrator.topology import graph  # pure: the builder's own rules, said as one line
+
+        try:
+            graph.check(list(self.servers), list(self.l2), list(self.l3), [(link.a, link.b) for link in self.links])
+        except TopologyError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+MAX_GRAPH_FILE_BYTES = 4 << 20
+
+
+def read_graph_file(directory: Path, name: Any) -> dict:
+    """servers, l2, l3 and links of a GraphML (.graphml, .xml) or networkx node-link JSON
+    (.json) file: every node's `role` is server, l2 or l3; a link's optional `bandwidth` is
+    its rate (e.g. 50Mbit). ValueError (one line) for anything else."""
+    import json
+
+    import networkx as nx
+
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("file: give a .graphml or .json file beside the lab file")
+    path = directory / name
+    try:
+        info = path.stat()
+    except OSError:
+        raise ValueError(f"file: {name}: no such file (relative to the lab file)") from None
+    if not path.is_file():
+        raise ValueError(f"file: {name}: not a regular file")
+    if info.st_size > MAX_GRAPH_FILE_BYTES:
+        raise ValueError(f"file: {name}: {info.st_size:,} bytes, more than the {MAX_GRAPH_FILE_BYTES:,} a graph may have")
+    try:
+        if path.suffix in (".graphml", ".xml"):
+            graph = nx.read_graphml(path)
+        elif path.suffix == ".json":
+            graph = nx.node_link_graph(json.loads(path.read_text()), edges="links")
+        else:
+            raise ValueError("not .graphml, .xml or .json")
+    except (ValueError, KeyError, TypeError, nx.NetworkXError, OSError) as exc:
+        raise ValueError(f"file: {name}: not a graph this lab reads ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # the XML parser's own errors (ParseError, ExpatError)
+        raise ValueError(f"file: {name}: not a graph this lab reads ({type(exc).__name__}: {exc})") from None
+    roles: dict[str, list[str]] = {"server": [], "l2": [], "l3": []}
+    for node, attributes in graph.nodes(data=True):
+        role = attributes.get("role")
+        if role not in roles:
+            raise ValueError(f"file: {name}: node {node} has role {role!r}: give each node role server, l2 or l3")
+        roles[role].append(str(node))
+    links = []
+    for a, b, attributes in graph.edges(data=True):
+        link = {"a": str(a), "b": str(b)}
+        if attributes.get("bandwidth") is not None:
+            link["bandwidth"] = attributes["bandwidth"]
+        links.append(link)
+    return {"servers": roles["server"], "l2": roles["l2"], "l3": roles["l3"], "links": links}
+
+
 TopologySpec = Annotated[
-    Union[BCubeSpec, FatTreeSpec, TorusSpec, BiGraphSpec, LeafSpineSpec, StarSpec],
+    Union[BCubeSpec, FatTreeSpec, TorusSpec, BiGraphSpec, LeafSpineSpec, StarSpec, GraphSpec],
     Field(discriminator="kind"),
 ]
-TOPOLOGY_KINDS = ("bcube", "fattree", "torus", "bigraph", "leafspine", "star")
+TOPOLOGY_KINDS = ("bcube", "fattree", "torus", "bigraph", "leafspine", "star", "graph")
 
 
 MAX_LINK_OVERRIDES = 4096

@@ -209,8 +209,8 @@ def display_path(path: str | Path) -> str:
 
 def validate(model: type[Model], data: dict[str, Any], source: str) -> Model:
     """Validate `data` against `model`; the first problem becomes a one-line SpecError."""
-    try:
-        return model.model_validate(data)
+    try:  # files a spec names (a graph's `file:`) are relative to the one that names them
+        return model.model_validate(data, context={"directory": Path(source).parent})
     except ValidationError as exc:
         raise SpecError(one_line(f"{display_path(source)}: {describe(model, exc)}")) from None
 

@@ -11,7 +11,7 @@ import ipaddress
 
 # Only the standard library below this package: Mininet's `mn` loads it with Debian's Python.
 from orchestrator.errors import TopologyError
-from orchestrator.topology import bcube, fattree, switched, torus
+from orchestrator.topology import bcube, fattree, graph, switched, torus
 from orchestrator.topology.model import (
     Endpoint,
     Interface,
@@ -65,6 +65,9 @@ def build(spec, addressing=None) -> Topology:
             )
         case "star":
             return switched.build_star(spec.servers, data, links)
+        case "graph":
+            return graph.build(list(spec.servers), list(spec.l2), list(spec.l3),
+                               [(link.a, link.b, link.bandwidth) for link in spec.links], data, links)
     raise ValueError(f"unknown topology kind {spec.kind!r}")
 
 

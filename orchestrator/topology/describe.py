@@ -31,9 +31,15 @@ def diameter(topology: Topology) -> tuple[int, int]:
     if len(servers) < 2:
         return 0, 0
     g = nx.Graph(graph(topology))
-    paths = nx.single_source_shortest_path(g, servers[0].name)
-    far = max((s.name for s in servers[1:]), key=lambda name: len(paths[name]))
-    return topology.hop_counts(paths[far])
+    sources = servers[:1] if topology.facts.get("symmetric", True) else servers  # a graph file's: every one
+    best: tuple[int, int] = (0, 0)
+    for source in sources:
+        paths = nx.single_source_shortest_path(g, source.name)
+        far = max((s.name for s in servers if s.name != source.name and s.name in paths),
+                  key=lambda name: len(paths[name]), default=None)
+        if far is not None:
+            best = max(best, topology.hop_counts(paths[far]))
+    return best
 
 
 def summary(topology: Topology) -> dict:

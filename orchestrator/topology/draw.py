@@ -37,7 +37,7 @@ MARGIN, TOP, BOTTOM = 0.2, 0.7, 0.6  # inches of figure around the axes: title, 
 MAX_LABELLED = 600  # beyond this, labels cannot be legible anyway: draw plain markers
 KIND_NAMES = {
     "bcube": "BCube", "fattree": "Fat-Tree", "torus": "Torus",
-    "bigraph": "BiGraph", "leafspine": "Leaf-spine", "star": "Star",
+    "bigraph": "BiGraph", "leafspine": "Leaf-spine", "star": "Star", "graph": "Graph",
 }
 LINK_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]
 NODE_STYLE = {  # servers: pale rounded boxes; switches: dark square boxes with white text
@@ -82,7 +82,7 @@ def positions(topology: Topology) -> dict[str, Point]:
 def layout(topology: Topology) -> Layout:
     builders = {
         "bcube": _bcube, "fattree": _fattree, "torus": _torus,
-        "bigraph": _bigraph, "leafspine": _leafspine, "star": _star,
+        "bigraph": _bigraph, "leafspine": _leafspine, "star": _star, "graph": _graph,
     }
     if topology.kind not in builders:
         raise ValueError(f"no drawing for topology kind {topology.kind!r}")
@@ -262,6 +262,44 @@ def _star(t: Topology) -> Layout:
         pos[sw.name] = (0.0, 0.0)
     edges = [Edge(*link.nodes(), "server–switch") for link in t.links]
     return Layout(pos, edges, scale=(0.9, 0.9), equal=True)
+
+
+def _graph(t: Topology) -> Layout:
+    # Any network: servers on the bottom row, LAN by LAN; each switch one row above the
+    # nearest server's, placed over the mean of its neighbours below (barycentre). Links at a
+    # rate of their own are dashed.
+    order = [name for group in t.facts["groups"] for name in group]
+    pos = {name: (float(i), 0.0) for i, name in enumerate(order)}
+    neighbours: dict[str, list[str]] = {name: [] for name in t.nodes}
+    for link in t.links:
+        a, b = link.nodes()
+        neighbours[a].append(b)
+        neighbours[b].append(a)
+    row, frontier = dict.fromkeys(order, 0), list(order)
+    while frontier:
+        later = []
+        for here in frontier:
+            for there in neighbours[here]:
+                if there not in row:
+                    row[there] = row[here] + 1
+                    later.append(there)
+        frontier = later
+    width = max(len(order), 1)
+    for level in sorted({r for r in row.values() if r > 0}):
+        names = [n for n, r in row.items() if r == level]
+        below = {n: [pos[m][0] for m in neighbours[n] if m in pos and row[m] < level] for n in names}
+        names.sort(key=lambda n: (sum(below[n]) / len(below[n]) if below[n] else 0.0, n))
+        for i, name in enumerate(names):
+            pos[name] = (_spread(i, len(names), width), 1.4 * level)
+    for name in t.nodes:  # a switch no server reaches: above the rest
+        pos.setdefault(name, (0.0, 1.4 * (max(row.values(), default=0) + 1)))
+    edges = []
+    for link in t.links:
+        a, b = link.nodes()
+        kind = "server–switch" if t.nodes[a].is_server or t.nodes[b].is_server else "switch–switch"
+        edges.append(Edge(a, b, kind, dashed=(a, b) in t.rates))
+    legend = [("link at a rate of its own", {"linestyle": "--", "color": "0.3"})] if t.rates else []
+    return Layout(pos, edges, scale=(0.8, 1.2), legend_extra=legend)
 
 
 # -- rendering --------------------------------------------------------------------------------

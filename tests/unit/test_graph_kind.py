@@ -1,0 +1,124 @@
+"""The `graph` topology kind (issue 30): any network of servers, l2 and l3 switches from a lab
+file, GraphML or node-link JSON; addressed and routed (shortest paths, ECMP at l3 switches)
+so that every server reaches every other; a malformed graph refused in one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import topology as topology_lib
+from orchestrator.errors import SpecError
+from orchestrator.spec import load_lab
+from orchestrator.spec.lab import LabSpec
+from orchestrator.spec.loader import validate
+from tests.unit.test_hostile_corpus import refused, run_testbed
+
+ROOT = Path(__file__).resolve().parents[2]
+CLOS = ROOT / "topologies" / "clos-2tier.yaml"
+
+
+def graph_lab(topology: dict, source: str = "lab.yaml") -> LabSpec:
+    return validate(LabSpec, {"name": "g", "topology": {"kind": "graph", **topology}}, source)
+
+
+def all_pairs_routed(topology) -> bool:
+    servers = [s.name for s in topology.servers]
+    return all(topology.path(a, b)[-1] == b for a, b in itertools.permutations(servers, 2))
+
+
+def test_the_ready_clos_is_routed_with_ecmp_and_its_slow_uplink():
+    topology = topology_lib.from_lab(load_lab(CLOS))
+    assert [s.name for s in topology.servers] == [f"h{i}" for i in range(8)]  # ranks in the file's order
+    assert all_pairs_routed(topology)
+    assert len(topology.lookup("leaf0", topology.address_of("h5"))) == 2  # over both spines
+    assert topology.rate_of("leaf0", "spine1", 1e8) == topology.rate_of("spine1", "leaf0", 1e8) == 50e6
+    assert topology.rate_of("leaf0", "spine0", 1e8) == 1e8
+    assert topology.facts["groups"] == [[f"h{i}" for i in range(4)], [f"h{i}" for i in range(4, 8)]]
+
+
+def test_graphml_and_node_link_json_give_the_same_network(tmp_path):
+    from_yaml = topology_lib.from_lab(load_lab(CLOS))
+    (tmp_path / "lab.yaml").write_text("name: g\ntopology: {kind: graph, file: clos.graphml}\n")
+    (tmp_path / "clos.graphml").write_bytes((ROOT / "topologies" / "clos-2tier.graphml").read_bytes())
+    from_graphml = topology_lib.from_lab(load_lab(tmp_path / "lab.yaml"))
+    import networkx as nx
+
+    g = nx.read_graphml(tmp_path / "clos.graphml")
+    (tmp_path / "clos.json").write_text(json.dumps(nx.node_link_data(g, edges="links")))
+    (tmp_path / "lab2.yaml").write_text("name: g\ntopology: {kind: graph, file: clos.json}\n")
+    from_json = topology_lib.from_lab(load_lab(tmp_path / "lab2.yaml"))
+    for other in (from_graphml, from_json):
+        assert sorted(map(str, other.links)) == sorted(map(str, from_yaml.links))
+        assert other.rates == from_yaml.rates
+        assert all_pairs_routed(other)
+
+
+@pytest.mark.parametrize("graph", [
+    {"servers": ["a", "b", "c"], "l2": ["s0", "s1"], "links": [["a", "s0"], ["b", "s0"], ["c", "s1"], ["s0", "s1"]]},
+    {"servers": ["a", "b", "c", "d"], "l2": ["s0"], "l3": ["r0", "r1"],
+     "links": [["a", "s0"], ["b", "s0"], ["s0", "r0"], ["r0", "r1"], ["c", "r1"], ["d", "r1"]]},
+    {"servers": ["a", "b"], "l3": ["r0", "r1", "r2", "r3"],  # a ring of routers: two ways round
+     "links": [["a", "r0"], ["b", "r2"], ["r0", "r1"], ["r1", "r2"], ["r2", "r3"], ["r3", "r0"]]},
+], ids=["l2 tree", "segment and access lan", "router ring"])
+def test_other_shapes_are_routed_between_every_pair(graph):
+    topology = topology_lib.from_lab(graph_lab(graph))
+    assert all_pairs_routed(topology)
+    if "r3" in topology.nodes:
+        assert len(topology.lookup("r0", topology.address_of("b"))) == 2  # both ways round: ECMP
+
+
+MALFORMED = {
+    "dangling link": ({"servers": ["a"], "l2": ["s"], "links": [["a", "s"], ["s", "x"]]},
+                      "link s-x: x is no node of the graph (a dangling link)"),
+    "duplicate node": ({"servers": ["a", "b"], "l2": ["a"], "links": [["a", "b"]]},
+                       "node a is listed twice (server and l2)"),
+    "server without a link": ({"servers": ["a", "b"], "l2": ["s"], "links": [["a", "s"]]},
+                              "server b has no link: wire it to a switch"),
+    "server with two links": ({"servers": ["a"], "l2": ["s", "t"], "links": [["a", "s"], ["a", "t"]]},
+                              "server a has 2 links"),
+    "servers wired together": ({"servers": ["a", "b"], "links": [["a", "b"]]}, "link a-b joins two servers"),
+    "l2 loop": ({"servers": ["a"], "l2": ["s", "t", "u"], "links": [["a", "s"], ["s", "t"], ["t", "u"], ["u", "s"]]},
+                "closes a loop of l2 switches"),
+    "link twice": ({"servers": ["a"], "l2": ["s"], "links": [["a", "s"], ["s", "a"]]}, "is listed twice"),
+    "bad name": ({"servers": ["A b"], "l2": ["s"], "links": [["A b", "s"]]}, "topology.servers: 'A b' is not a valid value: node names are"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=list(MALFORMED))
+def test_a_malformed_graph_is_refused_in_one_line(tmp_path, case):
+    graph, expected = MALFORMED[case]
+    (tmp_path / "lab.yaml").write_text(json.dumps({"name": "g", "topology": {"kind": "graph", **graph}}))
+    done, _ = run_testbed("topology", "lab.yaml", cwd=tmp_path)
+    assert expected in refused(done, "lab.yaml: topology")
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"servers": ["a", "b"], "l2": ["s", "t"], "links": [["a", "s"], ["b", "t"]]}, "no l3 switch"),
+    ({"servers": ["a", "b"], "l3": ["r", "q"], "links": [["a", "r"], ["b", "q"]]}, "has no path to"),
+    ({"servers": ["a", "b"], "l2": ["s"], "l3": ["r", "q"], "links": [["a", "s"], ["b", "s"], ["s", "r"], ["s", "q"]]},
+     "has 2 l3 switches"),
+])
+def test_graphs_whose_servers_cannot_all_meet_are_refused(graph, expected):
+    from orchestrator.errors import TopologyError
+
+    with pytest.raises(TopologyError, match=expected):
+        topology_lib.from_lab(graph_lab(graph))
+
+
+def test_graph_files_are_untrusted_input(tmp_path):
+    (tmp_path / "bad.graphml").write_text("<graphml><graph><node id='a'/></graph")
+    (tmp_path / "role.json").write_text(json.dumps({"nodes": [{"id": "a", "role": "router"}], "links": []}))
+    with open(tmp_path / "big.json", "wb") as handle:
+        handle.truncate(5 << 20)
+    for name, expected in (("bad.graphml", "not a graph this lab reads"), ("role.json", "node a has role 'router'"),
+                           ("big.json", "more than the 4,194,304"), ("gone.json", "no such file"),
+                           ("lab.txt", "not a graph this lab reads")):
+        (tmp_path / "lab.txt").write_text("x")
+        with pytest.raises(SpecError, match=expected):
+            validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": name}}, str(tmp_path / "lab.yaml"))
+    with pytest.raises(SpecError, match="file: gives the whole graph"):
+        validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": "x.json", "servers": ["a"]}}, "lab.yaml")
