@@ -79,15 +79,27 @@ def load_for_experiment(plugins: object, experiment: Path) -> list[str]:
     if len(plugins) > MAX_PLUGINS:
         raise PluginError(f"plugins: {len(plugins)} files, more than {MAX_PLUGINS}: register several algorithms in one")
     names: list[str] = []
-    for index, plugin in enumerate(plugins):
-        if Path(plugin).is_absolute():
-            raise PluginError(f"plugins[{index}]: {plugin} is an absolute path: name it relative to the experiment "
-                              "file (or pass it with --plugin)")
-        try:
-            names += load_file(experiment.parent / plugin, root=experiment.parent)
-        except PluginError as exc:
-            raise PluginError(f"plugins[{index}]: {exc}") from None
+    before, files = dict(table.ALGORITHMS), dict(_files)
+    try:
+        for index, plugin in enumerate(plugins):
+            if Path(plugin).is_absolute():
+                raise PluginError(f"plugins[{index}]: {plugin} is an absolute path: name it relative to the experiment "
+                                  "file (or pass it with --plugin)")
+            try:
+                names += load_file(experiment.parent / plugin, root=experiment.parent)
+            except PluginError as exc:
+                raise PluginError(f"plugins[{index}]: {exc}") from None
+    except BaseException:  # all of the list or none of it
+        _restore(before, files)
+        raise
     return names
+
+
+def _restore(algorithms: dict, files: dict) -> None:
+    table.ALGORITHMS.clear()
+    table.ALGORITHMS.update(algorithms)
+    _files.clear()
+    _files.update(files)
 
 
 def load_entry_points() -> list[str]:
@@ -95,11 +107,19 @@ def load_entry_points() -> list[str]:
     global _entry_points_loaded
     if _entry_points_loaded:
         return []
-    _entry_points_loaded = True
+    before, files = dict(table.ALGORITHMS), dict(_files)
     names: list[str] = []
-    for entry in metadata.entry_points(group=ENTRY_POINTS):
-        shown = f"entry point {entry.name} = {entry.value}"
-        names += _registering(shown, lambda entry=entry, shown=shown: _from_entry_point(entry, shown))
+    try:
+        for entry in metadata.entry_points(group=ENTRY_POINTS):
+            shown = f"entry point {entry.name} = {entry.value}"
+            if entry.name in table.ALGORITHMS:
+                raise PluginError(f"{shown}: algorithm {entry.name} is registered already "
+                                  f"({table.ALGORITHMS[entry.name].origin}): rename the entry point")
+            names += _registering(shown, lambda entry=entry, shown=shown: _from_entry_point(entry, shown))
+    except BaseException:
+        _restore(before, files)
+        raise
+    _entry_points_loaded = True
     return names
 
 
@@ -113,7 +133,7 @@ def _from_entry_point(entry: metadata.EntryPoint, shown: str) -> None:
             table.register(entry.name, loaded)
         except ValueError as exc:
             raise PluginError(f"{shown}: {exc}") from None
-    if entry.name not in table.ALGORITHMS:
+    if entry.name not in table.ALGORITHMS or table.ALGORITHMS[entry.name].origin != shown:
         raise PluginError(f"{shown}: registers no algorithm named {entry.name}: point it at a build callable or a "
                           "module that calls orchestrator.collectives.register")
 
@@ -164,13 +184,24 @@ def _read(path: Path, shown: str) -> str:
     """The plugin's source, after the checks that make running it no one else's choice."""
     if path.suffix != ".py":
         raise PluginError(f"plugin {shown}: not a .py file: a plugin is Python source")
-    info = path.stat()
+    try:  # one descriptor for the checks and the read: nothing swapped in between, a fifo never waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise PluginError(f"plugin {shown}: cannot be read ({exc.strerror})") from None
+    try:
+        return _checked_source(fd, path, shown)
+    finally:
+        os.close(fd)
+
+
+def _checked_source(fd: int, path: Path, shown: str) -> str:
+    info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise PluginError(f"plugin {shown}: not a regular file: give a .py file")
     if info.st_size > MAX_PLUGIN_BYTES:
         raise PluginError(f"plugin {shown}: {info.st_size:,} bytes, more than the {MAX_PLUGIN_BYTES:,} a plugin may "
                           "have")
-    if info.st_uid not in (0, os.geteuid()):
+    if info.st_uid not in _trusted_owners():
         raise PluginError(f"plugin {shown}: unsafe: owned by uid {info.st_uid}, neither root nor you: chown it "
                           "or copy it")
     if info.st_mode & stat.S_IWOTH:
@@ -179,12 +210,20 @@ def _read(path: Path, shown: str) -> str:
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
         raise PluginError(f"plugin {shown}: unsafe: anyone may replace it in {path.parent}: move it to a directory "
                           "only you may write")
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_PLUGIN_BYTES + 1)
+    data = os.read(fd, MAX_PLUGIN_BYTES + 1)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PluginError(f"plugin {shown}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _trusted_owners() -> set[int]:
+    """Who may own a plugin: root, you, and under sudo the user who ran it."""
+    owners = {0, os.geteuid()}
+    sudo = os.environ.get("SUDO_UID", "")
+    if os.geteuid() == 0 and sudo.isdigit():
+        owners.add(int(sudo))
+    return owners
 
 
 def _module_name(path: Path) -> str:

@@ -18,7 +18,7 @@ from orchestrator.collectives import algorithms as _builtins  # noqa: F401  regi
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.membership import Membership
 from orchestrator.collectives.partition import Partition
-from orchestrator.collectives.schedule import Schedule, TooManyTransfers, transfer_budget  # noqa: F401  re-exported
+from orchestrator.collectives.schedule import Schedule, ScheduleError, TooManyTransfers, transfer_budget  # noqa: F401  re-exported
 from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estimate, register  # noqa: F401  re-exported
 
 # Transfers of one allreduce (all partitions) a plan may hold. Each is a flow the model keeps
@@ -59,6 +59,25 @@ def estimate(name: str, ctx: Context, parts: list[Partition]) -> int | None:
     return sum(algorithm.transfers(ctx, p.length) for p in parts)
 
 
+def _built(algorithm: Algorithm, ctx: Context, size: int, part: Partition) -> Schedule:
+    """One partition's schedule, named as the algorithm was asked for. A build that raises
+    anything but ValueError (its way to decline: a rank count, a topology) or returns
+    something else than a Schedule is a bug of the algorithm: ScheduleError, one line
+    naming it and where it was registered from."""
+    try:
+        schedule = algorithm.build(ctx, size, part.offset, part.length)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ScheduleError(f"{algorithm.name} ({algorithm.origin}): building raised {type(exc).__name__}: {exc}") \
+            from None
+    if not isinstance(schedule, Schedule):
+        raise ScheduleError(f"{algorithm.name} ({algorithm.origin}): build returned {type(schedule).__name__}, not a "
+                            "Schedule")
+    schedule.algorithm = algorithm.name  # closed forms, reports and plans go by the name asked for
+    return schedule
+
+
 def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
               limit: int = MAX_TRANSFERS) -> list[tuple[Partition, Schedule]]:
     """One schedule per partition, in priority order, after the options and the transfer
@@ -70,7 +89,7 @@ def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
         split = f" in {len(parts):,} partitions" if len(parts) > 1 else ""
         raise TooManyTransfers(name, f"over {ctx.workers} workers{split} is {bound:,} transfers per allreduce", limit)
     with transfer_budget(limit, name):
-        built = [(part, algorithm.build(ctx, size, part.offset, part.length)) for part in parts]
+        built = [(part, _built(algorithm, ctx, size, part)) for part in parts]
     held = sum(len(step) for _, schedule in built for step in schedule.steps)
     if held > limit:
         raise TooManyTransfers(name, f"over {ctx.workers} workers holds {held:,} transfers per allreduce", limit)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.forms import ClosedForm
-from orchestrator.collectives.membership import Reform, renumber
+from orchestrator.collectives.membership import Reform, keep_ranks, renumber
 from orchestrator.collectives.options import AlgorithmOptions, NoOptions
 from orchestrator.collectives.schedule import Schedule
 
@@ -78,6 +78,9 @@ def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoO
     for part, value in (("transfers", transfers), ("closed_form", closed_form), ("reform", reform)):
         if value is not None and not callable(value):
             raise ValueError(f"algorithm {name}: {part} must be callable or None")
+    if reform is keep_ranks and "failed" not in options.model_fields:
+        raise ValueError(f"algorithm {name}: reform=keep_ranks names the dead servers in option `failed`: give its "
+                         "options model a field `failed: list[str] = []`")
     ALGORITHMS[name] = Algorithm(name, build, options, transfers, closed_form, reform or renumber, _origin.get())
     return ALGORITHMS[name]
 

@@ -92,7 +92,10 @@ def check(name: str, cases: list[Case], options: dict | None = None, seed: int =
             outcome.failures.append(f"{case.describe()}: building raised {type(exc).__name__}: {exc}")
             continue
         outcome.checked += 1
-        problem = _reduces([s for _, s in built], case.ctx.workers, case.size, rng)
+        try:
+            problem = _reduces([s for _, s in built], case.ctx.workers, case.size, rng)
+        except Exception as exc:  # a schedule too odd to run: said with the case
+            problem = f"running the schedule raised {type(exc).__name__}: {exc}"
         if problem:
             outcome.failures.append(f"{case.describe()}: {problem}")
     return outcome
@@ -107,6 +110,8 @@ def _reduces(schedules: list[Schedule], workers: int, size: int, rng: np.random.
     for index, schedule in enumerate(schedules):
         if schedule.size != size:
             return f"partition {index}: its schedule's buffer has {schedule.size} elements, not the {size} asked"
+        if any(not 0 <= w < schedule.ranks for w in schedule.workers):
+            return f"partition {index}: its workers {schedule.workers} are not all among its {schedule.ranks} ranks"
         if schedule.ranks != ranks or len(schedule.workers) != workers or schedule.workers != schedules[0].workers:
             return f"partition {index}: its schedule has other ranks or workers than partition 0's"
         try:

@@ -17,7 +17,11 @@ def closed_form(schedule: Schedule, topology: Topology) -> Form | None:
     algorithm = ALGORITHMS.get(schedule.algorithm)
     if algorithm is None or algorithm.closed_form is None or len(schedule.workers) < 2:
         return None
-    form = algorithm.closed_form(Case(schedule, topology))
+    try:
+        form = algorithm.closed_form(Case(schedule, topology))
+    except Exception as exc:  # a plugin's formula: said in one line, not a traceback
+        raise ValueError(f"algorithm {schedule.algorithm} ({algorithm.origin}): its closed form raised "
+                         f"{type(exc).__name__}: {exc}") from None
     if form is not None and not isinstance(form, Form):
         raise ValueError(f"algorithm {schedule.algorithm}: its closed form gave {type(form).__name__}, not a Form "
                          "(orchestrator.collectives.Form) or None")

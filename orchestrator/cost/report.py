@@ -98,9 +98,9 @@ def predict_lab(
             chunk_bytes = chunk_bytes(schedules, credit_bytes)
         prediction = predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes,
                                        send_buffer_bytes=send_buffer_bytes)
+        form = closed_form(whole[0][1], topology) if whole else None
     except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers
         raise BadUsage(f"{algorithm} on {lab.name}: {exc}") from None
-    form = closed_form(whole[0][1], topology) if whole else None
     return Report(lab.name, topology.kind, dict(topology.params), prediction, form, chunk_bytes, credit_bytes,
                   len(schedules))
 

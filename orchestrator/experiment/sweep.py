@@ -24,7 +24,10 @@ class LabVariant:
 
     @property
     def topology(self) -> str:
-        """`star-4`, `bcube-2-1`: the kind and its parameters."""
+        """`star-4`, `bcube-2-1`: the kind and its parameters (a graph's own short label)."""
+        own = getattr(self.lab.topology, "label", None)  # a kind whose parameters are no label
+        if own is not None:
+            return own
         params = self.lab.topology.model_dump(exclude={"kind"})
         return "-".join([self.lab.topology.kind, *(str(v) for v in params.values())])
 

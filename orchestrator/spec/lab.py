@@ -14,7 +14,9 @@ Only `name` and `topology` are required:
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -233,6 +235,14 @@ class GraphSpec(_Strict):
     links: tuple[Annotated[GraphLinkSpec, BeforeValidator(_graph_link)], ...] = Field(
         min_length=1, max_length=MAX_GRAPH_LINKS, description="[a, b], a-b or {a, b, bandwidth}")
 
+    @property
+    def label(self) -> str:
+        """`graph-8s-1a2b3c4d`: its servers and a digest of the whole graph, for run ids and keys."""
+        import hashlib
+
+        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:8]
+        return f"graph-{len(self.servers)}s-{digest}"
+
     @model_validator(mode="before")
     @classmethod
     def _from_file(cls, data: Any, info: ValidationInfo) -> Any:
@@ -270,19 +280,33 @@ def read_graph_file(directory: Path, name: Any) -> dict:
     if not isinstance(name, str) or not name.strip():
         raise ValueError("file: give a .graphml or .json file beside the lab file")
     path = directory / name
+    if Path(name).is_absolute():
+        raise ValueError(f"file: {name} is an absolute path: name it relative to the lab file")
     try:
-        info = path.stat()
-    except OSError:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError):
         raise ValueError(f"file: {name}: no such file (relative to the lab file)") from None
-    if not path.is_file():
-        raise ValueError(f"file: {name}: not a regular file")
-    if info.st_size > MAX_GRAPH_FILE_BYTES:
-        raise ValueError(f"file: {name}: {info.st_size:,} bytes, more than the {MAX_GRAPH_FILE_BYTES:,} a graph may have")
+    if not resolved.is_relative_to(Path(directory).resolve()):
+        raise ValueError(f"file: {name} leaves the lab file's directory (through .. or a symlink): keep it beside it")
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"file: {name}: cannot be read ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"file: {name}: not a regular file")
+        if info.st_size > MAX_GRAPH_FILE_BYTES:
+            raise ValueError(f"file: {name}: {info.st_size:,} bytes, more than the {MAX_GRAPH_FILE_BYTES:,} a graph "
+                             "may have")
+        text = os.read(fd, MAX_GRAPH_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
     try:
         if path.suffix in (".graphml", ".xml"):
-            graph = nx.read_graphml(path)
+            graph = nx.parse_graphml(text)
         elif path.suffix == ".json":
-            graph = nx.node_link_graph(json.loads(path.read_text()), edges="links")
+            graph = nx.node_link_graph(json.loads(text), edges="links")
         else:
             raise ValueError("not .graphml, .xml or .json")
     except (ValueError, KeyError, TypeError, nx.NetworkXError, OSError) as exc:

@@ -69,12 +69,35 @@ def check(servers: list[str], l2: list[str], l3: list[str], links: Iterable[tupl
             name = parent[name]
         return name
 
-    for a, b in links:
+    pairs = list(links)
+    for a, b in pairs:
         if role[a] == role[b] == "l2":
             if root(a) == root(b):
                 raise TopologyError(f"link {a}-{b} closes a loop of l2 switches (no spanning tree here): make one "
                                     "of them l3 or drop the link")
             parent[root(a)] = root(b)
+    _reachable(_lans(servers, l2, l3, pairs, role), l3, pairs, role)
+
+
+def _reachable(lans, l3, pairs, role) -> None:
+    """TopologyError unless every LAN with servers can reach every other one."""
+    routed = [(gateway, members) for gateway, members, _ in lans if members]
+    if len(routed) < 2:
+        return
+    for gateway, members in routed:
+        if gateway is None:
+            raise TopologyError(f"servers {', '.join(members[:3])}… are on an l2 segment with no l3 switch, so they "
+                                "cannot reach the other LANs: wire an l3 switch to it")
+    fabric: dict[str, list[str]] = {name: [] for name in l3}
+    for a, b in pairs:
+        if role[a] == role[b] == "l3":
+            fabric[a].append(b)
+            fabric[b].append(a)
+    reached = _distances(fabric, routed[0][0])
+    for gateway, _ in routed[1:]:
+        if gateway not in reached:
+            raise TopologyError(f"l3 switch {gateway} has no path to {routed[0][0]}: the servers behind them cannot "
+                                "reach each other")
 
 
 def build(servers: list[str], l2: list[str], l3: list[str], links: list[tuple[str, str, float | None]],
@@ -84,7 +107,7 @@ def build(servers: list[str], l2: list[str], l3: list[str], links: list[tuple[st
     role = {**{s: "server" for s in servers}, **{s: "l2" for s in l2}, **{s: "l3" for s in l3}}
     builder = TopologyBuilder("graph", {"servers": len(servers), "switches": len(l2) + len(l3), "links": len(links)})
     builder.check_size(len(servers))
-    lans = _lans(servers, l2, l3, links, role)
+    lans = _lans(servers, l2, l3, [(a, b) for a, b, _ in links], role)
     preferred, minimal = lan_host_bits(max(len(members) + 1 for _, members, _ in lans))
     pool = StructuredPool(data_pool, [len(lans)], preferred, "addressing.data", f"a graph of {len(lans)} LANs", minimal)
     p2p = LinkPool(links_pool, sum(1 for a, b, _ in links if role[a] == role[b] == "l3"), "addressing.links")
@@ -126,11 +149,11 @@ def build(servers: list[str], l2: list[str], l3: list[str], links: list[tuple[st
     return topology
 
 
-def _lans(servers, l2, l3, links, role) -> list[tuple[str | None, list[str], list[str]]]:
+def _lans(servers, l2, l3, pairs, role) -> list[tuple[str | None, list[str], list[str]]]:
     """(gateway l3 switch or None, servers, l2 switches) of every LAN: each l2 segment, then
     each l3 switch's access ports."""
     neighbours: dict[str, list[str]] = {name: [] for name in role}
-    for a, b, _ in links:
+    for a, b in pairs:
         neighbours[a].append(b)
         neighbours[b].append(a)
     lans, placed = [], set()
@@ -147,7 +170,12 @@ def _lans(servers, l2, l3, links, role) -> list[tuple[str | None, list[str], lis
                     placed.add(there)
                     queue.append(there)
         members = [s for s in servers if neighbours[s][0] in segment]
-        routers = sorted({n for switch in segment for n in neighbours[switch] if role[n] == "l3"})
+        ports = [n for switch in segment for n in neighbours[switch] if role[n] == "l3"]
+        routers = sorted(set(ports))
+        if len(ports) > len(routers):
+            twice = next(r for r in routers if ports.count(r) > 1)
+            raise TopologyError(f"l3 switch {twice} has {ports.count(twice)} ports on the l2 segment of "
+                                f"{', '.join(segment)}: one port per segment (it would hold its address twice)")
         if len(routers) > 1:
             raise TopologyError(f"the l2 segment of {', '.join(segment)} has {len(routers)} l3 switches "
                                 f"({', '.join(routers)}): give a segment one gateway")

@@ -12,7 +12,18 @@ import pytest
 
 from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
+from tests.netns import test_survive as survive
 from tests.netns.test_survive import Job, agents, clean, make_lab
+
+# the fault starts at iteration 3 and is over within ~8 s (the flap's three periods): 40
+# iterations of ~0.5 s hold it mid-run, where test_survive's 90 ran on ~30 s after it
+ITERATIONS = 40
+
+
+@pytest.fixture(autouse=True)
+def iterations(monkeypatch):
+    """Job and clean() read test_survive.ITERATIONS: this file's runs are shorter."""
+    monkeypatch.setattr(survive, "ITERATIONS", ITERATIONS)
 
 
 @pytest.fixture(scope="module")

@@ -170,11 +170,16 @@ def test_every_ready_experiment_plans_without_root(path):
 
 
 def test_every_ready_experiment_dry_runs_from_the_command_line():
-    for path in EXPERIMENTS:
-        done = subprocess.run(TESTBED + ["run", str(path), "--dry-run"], capture_output=True, text=True, env=ENV,
+    from concurrent.futures import ThreadPoolExecutor
+
+    def dry_run(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(TESTBED + ["run", str(path), "--dry-run"], capture_output=True, text=True, env=ENV,
                               timeout=120)
-        assert done.returncode == 0, f"{path.name}: {done.stderr}"
-        assert f"experiment {load_experiment(path).name}:" in done.stdout
+
+    with ThreadPoolExecutor(2) as pool:  # two at a time: the unit tier leaves the second core idle
+        for path, done in zip(EXPERIMENTS, pool.map(dry_run, EXPERIMENTS)):
+            assert done.returncode == 0, f"{path.name}: {done.stderr}"
+            assert f"experiment {load_experiment(path).name}:" in done.stdout
 
 
 def test_a_partitioning_sweep_is_crossed_and_changes_the_prediction():

@@ -103,10 +103,8 @@ def test_a_malformed_graph_is_refused_in_one_line(tmp_path, case):
      "has 2 l3 switches"),
 ])
 def test_graphs_whose_servers_cannot_all_meet_are_refused(graph, expected):
-    from orchestrator.errors import TopologyError
-
-    with pytest.raises(TopologyError, match=expected):
-        topology_lib.from_lab(graph_lab(graph))
+    with pytest.raises(SpecError, match=expected):  # when the file is read, before anything is built
+        graph_lab(graph)
 
 
 def test_graph_files_are_untrusted_input(tmp_path):
@@ -122,3 +120,28 @@ def test_graph_files_are_untrusted_input(tmp_path):
             validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": name}}, str(tmp_path / "lab.yaml"))
     with pytest.raises(SpecError, match="file: gives the whole graph"):
         validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": "x.json", "servers": ["a"]}}, "lab.yaml")
+
+
+def test_an_l3_switch_with_two_ports_on_one_segment_is_refused():
+    with pytest.raises(SpecError, match="l3 switch r1 has 2 ports on the l2 segment"):
+        graph_lab({"servers": ["h1", "h2", "h3"], "l2": ["s1", "s2"], "l3": ["r1", "r2"],
+                   "links": [["h1", "s1"], ["s1", "s2"], ["r1", "s1"], ["r1", "s2"], ["h2", "s2"], ["h3", "r2"],
+                             ["r1", "r2"]]})
+
+
+def test_a_graph_has_a_short_label_for_run_ids_and_keys():
+    from orchestrator.experiment.sweep import LabVariant
+
+    label = LabVariant(0, load_lab(CLOS)).topology
+    assert label.startswith("graph-8s-") and len(label) == len("graph-8s-") + 8
+
+
+def test_a_graph_file_stays_beside_its_lab_file(tmp_path):
+    inside = tmp_path / "labs"
+    inside.mkdir()
+    (tmp_path / "net.json").write_text(json.dumps({"nodes": [], "links": []}))
+    (inside / "link.json").symlink_to(tmp_path / "net.json")
+    for name, expected in (("../net.json", "leaves the lab file's directory"), ("link.json", "leaves"),
+                           (str(tmp_path / "net.json"), "absolute path")):
+        with pytest.raises(SpecError, match=expected):
+            validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": name}}, str(inside / "lab.yaml"))

@@ -247,3 +247,93 @@ def test_the_readme_example_reduces_exactly_and_gives_its_form():
     labs = {label: topology_lib.from_lab(lab_from_argument(label)) for label in ("star,5", "torus,3,2")}
     outcome = verify.check("bidir-ring", verify.generic_cases() + verify.topology_cases(labs))
     assert outcome.checked == 99 + 8 and not outcome.failures and not outcome.refused
+
+
+# -- the review's cases: a plugin's name, its bugs in one line, all or nothing, sudo, fifos ------
+def test_a_plugin_reusing_a_built_in_build_keeps_its_own_name_and_form(tmp_path):
+    from orchestrator.cost.report import predict_lab
+    from orchestrator.spec import lab_from_argument
+
+    (tmp_path / "two.py").write_text(
+        "from orchestrator.collectives import Form, register\n"
+        "from orchestrator.collectives.algorithms import ring\n"
+        "register('ring-two', ring.build, closed_form=lambda case: Form(3.0, 1, 'mine'))\n")
+    plugins.load_file(tmp_path / "two.py")
+    report = predict_lab(lab_from_argument("star,4"), "ring-two", 1 << 20)
+    assert report.prediction.algorithm == "ring-two" and report.form.source == "mine"
+
+
+BUGGY = {
+    "returns junk": ("register('junk', lambda ctx, size, offset=0, length=None: None)",
+                     "junk (bad.py): build returned NoneType, not a Schedule"),
+    "raises": ("register('junk', lambda ctx, size, offset=0, length=None: {}['x'])",
+               "junk (bad.py): building raised KeyError"),
+    "form raises": ("from orchestrator.collectives.algorithms import ring\n"
+                    "register('junk', ring.build, closed_form=lambda case: case.topology.facts['zz'])",
+                    "its closed form raised KeyError"),
+    "form not a Form": ("from orchestrator.collectives.algorithms import ring\n"
+                        "register('junk', ring.build, closed_form=lambda case: 1.5)", "not a Form"),
+}
+
+
+@pytest.mark.parametrize("case", BUGGY, ids=list(BUGGY))
+def test_a_plugins_bug_is_one_line_in_predict(tmp_path, case):
+    source, expected = BUGGY[case]
+    (tmp_path / "bad.py").write_text("from orchestrator.collectives import register\n" + source + "\n")
+    done, _ = run_testbed("predict", "star,4", "-a", "junk", "--latency", "0s", "--plugin", "bad.py", cwd=tmp_path)
+    refused(done, "junk on star-4", expected)
+
+
+def test_check_algorithm_says_a_plugins_bug_without_a_traceback(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "from orchestrator.collectives import Schedule, register\n"
+        "register('junk', lambda ctx, size, offset=0, length=None: Schedule('junk', ctx.workers, size,"
+        " workers=tuple(range(1, ctx.workers + 1))))\n")
+    done, _ = run_testbed("check-algorithm", "bad.py", "--no-agents", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "are not all among its" in done.stdout
+
+
+def test_an_experiments_plugins_load_all_or_none(tmp_path):
+    plugin(tmp_path, file="ok.py")
+    (tmp_path / "bad.py").write_text("x = undefined_name\n")
+    with pytest.raises(PluginError, match=r"plugins\[1\]"):
+        plugins.load_for_experiment(["ok.py", "bad.py"], tmp_path / "exp.yaml")
+    assert "gather-bcast" not in table.ALGORITHMS
+    assert (tmp_path / "ok.py").resolve() not in plugins._files
+
+
+def test_an_entry_point_may_not_take_a_registered_name(tmp_path):
+    site = tmp_path / "site"
+    (site / "taken-1.0.dist-info").mkdir(parents=True)
+    (site / "taken_mod.py").write_text("def build(ctx, size, offset=0, length=None):\n    raise ValueError('no')\n")
+    (site / "taken-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: taken\nVersion: 1.0\n")
+    (site / "taken-1.0.dist-info" / "entry_points.txt").write_text("[testbed.algorithms]\nring = taken_mod:build\n")
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "predict", "star,4", "-a", "ring", "--latency",
+                           "0s"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    refused(done, "entry point ring = taken_mod:build: algorithm ring is registered already (built-in)")
+
+
+def test_under_sudo_the_users_own_plugin_is_trusted(tmp_path, monkeypatch):
+    path = plugin(tmp_path)
+    os.chown(path, 4242, 4242)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    with pytest.raises(PluginError, match="owned by uid 4242"):
+        plugins.load_file(path)
+    monkeypatch.setenv("SUDO_UID", "4242")
+    assert plugins.load_file(path) == ["gather-bcast"]
+
+
+def test_a_fifo_named_like_a_plugin_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "pipe.py")
+    with pytest.raises(PluginError, match="not a regular file"):
+        plugins.load_file(tmp_path / "pipe.py")
+
+
+def test_keep_ranks_needs_the_failed_option():
+    from orchestrator.collectives import keep_ranks, register
+
+    with pytest.raises(ValueError, match="option `failed`"):
+        register("no-failed", lambda *a: None, reform=keep_ranks)
+    assert "no-failed" not in table.ALGORITHMS
