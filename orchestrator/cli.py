@@ -466,6 +466,7 @@ def check_algorithm(
     """Check an algorithm as the project checks its own: exact reduction over generated rank
     counts, sizes and partitionings (in process), its prediction beside its closed form, and
     a run of real agents on loopback. Exit 1 when a check fails (it names rank, step and bytes)."""
+    from orchestrator.collectives import registry
     from orchestrator.cost.report import parse_options
     from orchestrator.experiment import check_algorithm as checking
 
@@ -473,7 +474,7 @@ def check_algorithm(
     names = checking.names_of(target)
     failed = False
     for name in names:
-        origin = checking.registry.get(name).origin
+        origin = registry.get(name).origin
         out.print(Text(f"{name} ({origin})", style="bold"), highlight=False, soft_wrap=True)
         with err.status("") as status:
             verdict = checking.check(name, parse_options(option), agents, progress=lambda line: status.update(line))

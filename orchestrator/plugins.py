@@ -30,6 +30,7 @@ import types
 from importlib import metadata
 from pathlib import Path
 
+from orchestrator import files
 from orchestrator.collectives import table
 from orchestrator.errors import PluginError
 
@@ -181,26 +182,28 @@ def _line(exc: BaseException, shown: str) -> str:
 
 
 def _read(path: Path, shown: str) -> str:
-    """The plugin's source, after the checks that make running it no one else's choice."""
+    """The plugin's source, after the checks that make running it no one else's choice, made
+    on the descriptor it is read through (files.read_regular): nothing swapped in between, a
+    FIFO never waited on."""
     if path.suffix != ".py":
         raise PluginError(f"plugin {shown}: not a .py file: a plugin is Python source")
-    try:  # one descriptor for the checks and the read: nothing swapped in between, a fifo never waited on
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        data = files.read_regular(path, MAX_PLUGIN_BYTES, follow=False, check=lambda info: _safe(info, path, shown))
+    except files.NotRegular:
+        raise PluginError(f"plugin {shown}: not a regular file: give a .py file") from None
+    except files.TooLarge as exc:
+        raise PluginError(f"plugin {shown}: {exc.size:,} bytes, more than the {MAX_PLUGIN_BYTES:,} a plugin may "
+                          "have") from None
     except OSError as exc:
         raise PluginError(f"plugin {shown}: cannot be read ({exc.strerror})") from None
     try:
-        return _checked_source(fd, path, shown)
-    finally:
-        os.close(fd)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PluginError(f"plugin {shown}: not UTF-8 text (byte {exc.start})") from None
 
 
-def _checked_source(fd: int, path: Path, shown: str) -> str:
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise PluginError(f"plugin {shown}: not a regular file: give a .py file")
-    if info.st_size > MAX_PLUGIN_BYTES:
-        raise PluginError(f"plugin {shown}: {info.st_size:,} bytes, more than the {MAX_PLUGIN_BYTES:,} a plugin may "
-                          "have")
+def _safe(info: os.stat_result, path: Path, shown: str) -> None:
+    """PluginError unless only root, you (or sudo's user) could have written the plugin."""
     if info.st_uid not in _trusted_owners():
         raise PluginError(f"plugin {shown}: unsafe: owned by uid {info.st_uid}, neither root nor you: chown it "
                           "or copy it")
@@ -210,11 +213,6 @@ def _checked_source(fd: int, path: Path, shown: str) -> str:
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
         raise PluginError(f"plugin {shown}: unsafe: anyone may replace it in {path.parent}: move it to a directory "
                           "only you may write")
-    data = os.read(fd, MAX_PLUGIN_BYTES + 1)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PluginError(f"plugin {shown}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _trusted_owners() -> set[int]:
@@ -229,8 +227,3 @@ def _trusted_owners() -> set[int]:
 def _module_name(path: Path) -> str:
     stem = "".join(c if c.isalnum() else "_" for c in path.stem)
     return f"{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-
-
-def described() -> list[tuple[str, str]]:
-    """(name, origin) of every registered algorithm: the built-ins and the plugins loaded."""
-    return [(name, algorithm.origin) for name, algorithm in sorted(table.ALGORITHMS.items())]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -176,7 +176,14 @@ def simulate(schedule: Schedule, gradients: Sequence[np.ndarray]) -> list[np.nda
     buffers = [np.zeros(schedule.size, dtype=dtype) for _ in range(schedule.ranks)]
     for rank, gradient in zip(schedule.workers, gradients):
         buffers[rank][:] = gradient
-    for step in schedule.steps:
+    apply(schedule, buffers)
+    return buffers
+
+
+def apply(schedule: Schedule, buffers, landed: Callable[[int, Transfer], None] | None = None) -> None:
+    """Run `schedule`'s steps on `buffers` (one per rank) in place, with the agents' rule: a
+    step's sends read the buffers as the step began. `landed(step, transfer)` after each."""
+    for index, step in enumerate(schedule.steps):
         payloads = [(t, buffers[t.src][t.offset : t.end].copy()) for t in step]
         for t, data in payloads:
             target = buffers[t.dst][t.offset : t.end]
@@ -184,7 +191,8 @@ def simulate(schedule: Schedule, gradients: Sequence[np.ndarray]) -> list[np.nda
                 target += data
             else:
                 target[:] = data
-    return buffers
+            if landed is not None:
+                landed(index, t)
 
 
 def chunks(offset: int, length: int, parts: int) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ import numpy as np
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import partitions
-from orchestrator.collectives.schedule import Schedule, ScheduleError, validate
+from orchestrator.collectives.schedule import Schedule, ScheduleError, apply, validate
 
 ITEMSIZE = 4  # bytes per element of the gradients a run moves (float32)
 RANKS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
@@ -124,15 +124,11 @@ def _reduces(schedules: list[Schedule], workers: int, size: int, rng: np.random.
     written = np.full((ranks, size), -1, dtype=np.int64)  # (partition, step) that last wrote, packed
     sender = np.full((ranks, size), -1, dtype=np.int64)  # and the rank that sent it
     for p, schedule in enumerate(schedules):
-        for s, step in enumerate(schedule.steps):
-            payloads = [(t, buffers[t.src, t.offset:t.end].copy()) for t in step]
-            for t, data in payloads:
-                if t.op == "reduce":
-                    buffers[t.dst, t.offset:t.end] += data
-                else:
-                    buffers[t.dst, t.offset:t.end] = data
-                written[t.dst, t.offset:t.end] = p * 1_000_000 + s
-                sender[t.dst, t.offset:t.end] = t.src
+        def landed(step: int, t, p: int = p) -> None:
+            written[t.dst, t.offset:t.end] = p * 1_000_000 + step
+            sender[t.dst, t.offset:t.end] = t.src
+
+        apply(schedule, buffers, landed)
     expected = gradients.sum(axis=0)
     for rank in schedules[0].workers:
         wrong = np.flatnonzero(buffers[rank] != expected)

@@ -14,9 +14,7 @@ Only `name` and `topology` are required:
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -32,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator import units
+from orchestrator import files, units
 
 # Lab names become parts of directory and namespace names; the CLI checks every lab name it
 # is given against the same rule.
@@ -289,19 +287,14 @@ def read_graph_file(directory: Path, name: Any) -> dict:
     if not resolved.is_relative_to(Path(directory).resolve()):
         raise ValueError(f"file: {name} leaves the lab file's directory (through .. or a symlink): keep it beside it")
     try:
-        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK)
+        text = files.read_regular(resolved, MAX_GRAPH_FILE_BYTES)
+    except files.NotRegular:
+        raise ValueError(f"file: {name}: not a regular file") from None
+    except files.TooLarge as exc:
+        raise ValueError(f"file: {name}: {exc.size:,} bytes, more than the {MAX_GRAPH_FILE_BYTES:,} a graph may "
+                         "have") from None
     except OSError as exc:
         raise ValueError(f"file: {name}: cannot be read ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"file: {name}: not a regular file")
-        if info.st_size > MAX_GRAPH_FILE_BYTES:
-            raise ValueError(f"file: {name}: {info.st_size:,} bytes, more than the {MAX_GRAPH_FILE_BYTES:,} a graph "
-                             "may have")
-        text = os.read(fd, MAX_GRAPH_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         if path.suffix in (".graphml", ".xml"):
             graph = nx.parse_graphml(text)

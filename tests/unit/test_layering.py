@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
-SYSTEM = {"emulation", "deploy", "runner", "agent", "faults", "monitoring", "experiment", "cli", "doctor", "plugins"}
+SYSTEM = {"emulation", "deploy", "runner", "agent", "faults", "monitoring", "experiment", "cli", "doctor", "plugins",
+          "files"}
 
 # (the importing package, the packages it must not import, why)
 RULES = [
