@@ -116,8 +116,10 @@ def test_graph_files_are_untrusted_input(tmp_path):
                            ("big.json", "more than the 4,194,304"), ("gone.json", "no such file"),
                            ("lab.txt", "not a graph this lab reads")):
         (tmp_path / "lab.txt").write_text("x")
-        with pytest.raises(SpecError, match=expected):
-            validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": name}}, str(tmp_path / "lab.yaml"))
+        # through the real command, under the hostile corpus's 1 GiB data limit
+        (tmp_path / "lab.yaml").write_text(json.dumps({"name": "g", "topology": {"kind": "graph", "file": name}}))
+        done, _ = run_testbed("topology", "lab.yaml", cwd=tmp_path)
+        assert expected in refused(done, "lab.yaml: topology")
     with pytest.raises(SpecError, match="file: gives the whole graph"):
         validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": "x.json", "servers": ["a"]}}, "lab.yaml")
 
