@@ -294,19 +294,10 @@ def exec_command(
     command: List[str] = typer.Argument(..., help="the command, after --"),
 ) -> None:
     """Run a command on a node: `testbed exec LAB NODE -- CMD ARGS…`."""
-    import subprocess
-
-    from orchestrator.emulation import Lab, docker_engine
+    from orchestrator.emulation import Lab
 
     lab = Lab.attach(name)
-    lab.check_node(node)
-    if lab.plan.in_container(node):
-        code, _ = docker_engine.exec_in(
-            lab.plan.container_name(node), command, stream=lambda chunk: sys.stdout.buffer.write(chunk) and sys.stdout.flush()
-        )
-    else:
-        code = subprocess.call(lab.command_prefix(node) + command)
-    raise typer.Exit(code)
+    raise typer.Exit(lab.runtime_of(node).call(lab, node, command))
 
 
 @app.command("cli")

@@ -78,18 +78,13 @@ def _from_faults(lab, servers: set[str]) -> dict[str, str]:
 
 def _from_processes(lab, servers: list[str]) -> dict[str, str]:
     from orchestrator.emulation import kernel
+    from orchestrator.emulation.runtimes import by_runtime
 
     why = {}
-    in_containers = [s for s in servers if lab.plan.in_container(s)]
-    if in_containers:
-        from orchestrator.emulation import docker_engine
-
-        names = {lab.plan.container_name(s): s for s in in_containers}
-        for container in docker_engine.lab_containers(lab.name):
-            if container["name"] in names and container.get("state") == "paused":
-                why[names[container["name"]]] = (f"its container {container['name']} is paused (docker pause): "
-                                                 f"`docker unpause {container['name']}`")
-    spaces = {lab.plan.namespaces[s]: s for s in servers if not lab.plan.in_container(s)}
+    for runtime, group in by_runtime(lab.plan, servers):  # a paused container
+        why.update(runtime.paused(lab, group))
+    # a server with the host's processes: its agents' own, stopped one by one
+    spaces = {lab.plan.namespaces[s]: s for s in servers if not lab.plan.runtime_of(s).containerised}
     for space, pids in kernel.pids_by_namespace(spaces).items():
         server = spaces[space]
         stopped = stopped_agents(pids, supervision.running(lab, server))

@@ -6,14 +6,10 @@ supervises these agents: one that dies stays dead.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 from orchestrator.agent.auth import TOKEN_ENV
 from orchestrator.deploy.agents import DATA_PORT, METRICS_PORT, endpoints, flow_window
-from orchestrator.emulation import docker_engine
-from orchestrator.emulation.cleanup import process_start_time
 from orchestrator.emulation.journal import Entry
 from orchestrator.runner.endpoints import shutdown
 
@@ -31,15 +27,12 @@ class DirectDeployer:
             args = ["--node", endpoint.node, "--control", endpoint.control, "--data", data,
                     "--metrics", f"{mgmt}:{METRICS_PORT}", "--window", str(window)]
             token = {TOKEN_ENV: endpoint.token}  # in the environment, off the command line (agent/auth.py)
-            if lab.plan.in_container(endpoint.node):
-                docker_engine.exec_detached(lab.plan.container_name(endpoint.node), ["testbed-agent", *args], token)
-            else:
-                proc = lab.popen(
-                    endpoint.node, [sys.executable, "-m", "orchestrator.agent.server", *args],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                    env=os.environ | token,
-                )
-                entries.append(Entry("process", f"agent-{endpoint.node}", {"pid": proc.pid, "start": process_start_time(proc.pid)}))
+            runtime = lab.runtime_of(endpoint.node)
+            # a container has the image's agent; a netns server the host's files, this venv's
+            agent = ["testbed-agent"] if runtime.containerised else [sys.executable, "-m", "orchestrator.agent.server"]
+            started = runtime.spawn(lab, endpoint.node, [*agent, *args], token)
+            if started is not None:  # a host process: journalled, so `testbed clean` kills it
+                entries.append(Entry("process", f"agent-{endpoint.node}", started))
             progress(f"{endpoint.node}: started", done, len(servers))
         lab.state.record(entries)
 

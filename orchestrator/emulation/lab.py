@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import subprocess
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
-from orchestrator.emulation import capacity, cleanup, docker_engine, features, images, isolation, kernel, nft
+from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
+from orchestrator.emulation.runtimes import ExecResult, ServerRuntime, by_runtime, runtime_named
 from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Endpoint, Link, Topology, from_lab, reroute
@@ -36,13 +35,6 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 def _quiet(stage: str, done: int, total: int) -> None:
     pass
-
-
-@dataclass
-class ExecResult:
-    returncode: int
-    stdout: str
-    stderr: str = ""
 
 
 class Lab:
@@ -60,9 +52,7 @@ class Lab:
         features.require(spec)  # refuse before anything is built
         topology = from_lab(spec)
         capacity.require(spec, topology)  # and what this host cannot hold (raises RLIMIT_NOFILE's soft limit)
-        if spec.servers.runtime == "docker":
-            docker_engine.client()
-            images.ensure(spec.servers.image, lambda line: progress(f"image: {line}", 0, 0))
+        runtime_named(spec.servers.runtime).prepare(spec, progress)  # Docker's engine and image
         # Signals are held from here on: a build is rolled back whenever one arrives, and the
         # lab's lock, taken with its state directory, is held until it is up or undone.
         with held_signals() as signals, ExitStack() as holding:
@@ -147,18 +137,16 @@ class Lab:
     def mgmt_address(self, server: str):
         return self.plan.mgmt[server][1].ip
 
+    def runtime_of(self, node: str) -> ServerRuntime:
+        """What `node` runs in (emulation/runtimes.py): a switch always netns."""
+        self.check_node(node)
+        return self.plan.runtime_of(node)
+
     # -- running things -----------------------------------------------------------------------
     def exec(self, node: str, command: str | Sequence[str], timeout: float | None = None) -> ExecResult:
         """Run a command on a node and wait: a container's `docker exec`, or the namespace."""
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
-        self.check_node(node)
-        if self.plan.in_container(node):
-            code, output = docker_engine.exec_in(self.plan.container_name(node), argv)
-            return ExecResult(code, output.decode(errors="replace"))
-        result = subprocess.run(
-            self.command_prefix(node) + argv, capture_output=True, text=True, timeout=timeout
-        )
-        return ExecResult(result.returncode, result.stdout, result.stderr)
+        return self.runtime_of(node).exec(self, node, argv, timeout)
 
     def command_prefix(self, node: str) -> list[str]:
         """argv prefix that runs a host program in `node`'s network, like a Mininet host.
@@ -166,13 +154,7 @@ class Lab:
         For a container that is its network and hostname, not its filesystem: host tools
         (iperf3, tcpdump) work the same on every runtime. `exec()` runs inside containers.
         """
-        self.check_node(node)
-        if self.plan.in_container(node):
-            pid = docker_engine.container_pid(self.plan.container_name(node))
-            if pid is None:
-                raise EmulationError(f"container of {node} is not running")
-            return ["nsenter", "-t", str(pid), "-n", "-u", "--"]
-        return kernel.in_netns(self.namespace(node))
+        return self.runtime_of(node).command_prefix(self, node)
 
     def popen(self, node: str, command: str | Sequence[str], **kwargs) -> subprocess.Popen:
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
@@ -334,61 +316,25 @@ class Lab:
                                     loss_percent)
 
     def server_processes(self, server: str) -> list[dict]:
-        """What runs on a netns server: {pid, start} of every process in its namespace
+        """What runs on a server: {pid, start} of every process in a netns server's namespace
         (start tells a pid apart from its later reuse). A container's are Docker's: []."""
-        self.check_node(server)
-        if self.plan.in_container(server):
-            return []
-        space = self.plan.namespaces[server]
-        found = []
-        for pid in kernel.pids_in([space]):
-            try:
-                found.append({"pid": pid, "start": cleanup.process_start_time(pid)})
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                continue  # ended meanwhile
-        return found
+        return self.runtime_of(server).server_processes(self, server)
 
     def signal_server(self, server: str, processes: list[dict], action: str) -> int:
         """stop | cont | kill what runs on a server: its container (docker pause / unpause /
         kill), or the recorded processes of its namespace that are still the same processes.
         Returns how many were signalled."""
-        if self.plan.in_container(server):
-            return docker_engine.container_action(self.plan.container_name(server), action)
-        sig = {"stop": signal.SIGSTOP, "cont": signal.SIGCONT, "kill": signal.SIGKILL}[action]
-        sent = 0
-        for proc in processes:
-            if cleanup.same_process(proc["pid"], proc["start"]):
-                try:
-                    os.kill(proc["pid"], sig)
-                    sent += 1
-                except ProcessLookupError:
-                    pass
-        return sent
+        return self.runtime_of(server).signal(self, server, processes, action)
 
     def revive_server(self, server: str) -> bool:
-        """Start a crashed server's container again, on its own network: a container that
-        starts gets a fresh namespace from Docker, so the server's interfaces (kept alive in
-        the old one, which its name still holds) move into the new one and get their
-        addresses, shaping and management side back. Its data links stay down: bringing
-        them up (and the routes with them) is `set_links`'. False when there was nothing to
-        start: a netns server (its namespace outlives its processes) or a running container."""
-        self.check_node(server)
-        if not self.plan.in_container(server):
-            return False
-        container = self.plan.container_name(server)
-        pid = docker_engine.start_container(container)
-        if pid is None:
+        """Start a crashed server again, on its own network: a container's runtime moves the
+        server's interfaces into the container's new namespace, and they get their addresses,
+        shaping and management side back here. Its data links stay down: bringing them up
+        (and the routes with them) is `set_links`'. False when there was nothing to start: a
+        netns server (its namespace outlives its processes) or a running container."""
+        if not self.runtime_of(server).revive(self, server):
             return False
         space = self.plan.namespaces[server]
-        with kernel.Netlink() as old:
-            moving = [name for name in kernel.links_in(old, space) if name != "lo"]  # opens a socket in it
-            # the name now holds the new namespace; `old` still talks to the old one, which
-            # goes with its last reference once its interfaces are out
-            kernel.delete_namespace(space)
-            kernel.attach_namespace(space, pid)
-            # before the interfaces arrive: they take the namespace's defaults (rp_filter, RPS)
-            kernel.in_namespaces([space], lambda _: kernel.write_sysctls(self.sysctls(server), OPTIONAL_SYSCTLS))
-            kernel.move_links(old, space, moving, pid)
         builder = _Builder(self, _quiet)
         try:
             kernel.set_up(builder.nl, space, "lo")
@@ -473,6 +419,7 @@ class _Builder:
         self.checkpoint = checkpoint  # raises if the build must stop (a signal): safe points only
         self.nl = kernel.Netlink()
         self._ends: dict[str, list[str]] | None = None  # node → its interfaces that end links
+        self._made = 0  # nodes whose namespace exists (progress of `nodes`)
 
     def build(self) -> None:
         steps = [self.nodes, self.open_netlink, self.sysctls, self.links, self.configure_nodes, self.management,
@@ -494,39 +441,14 @@ class _Builder:
         self.lab.state.record(entries)
 
     def nodes(self) -> None:
-        plan = self.plan
-        in_ns = [n for n in self.topology.nodes if not plan.in_container(n)]
-        in_docker = [n for n in self.topology.nodes if plan.in_container(n)]
-        total = len(self.topology.nodes)
-        self.record([Entry("netns", plan.namespaces[n], {}) for n in in_ns])
-        kernel.create_namespaces([plan.namespaces[n] for n in in_ns])
-        self.progress("namespaces", len(in_ns), total)
-        if not in_docker:
-            return
-        self.record([Entry("container", plan.container_name(n), {}) for n in in_docker]
-                    + [Entry("netns", plan.namespaces[n], {}) for n in in_docker])
-        servers = self.spec.servers
-        specs = [
-            {
-                "name": plan.container_name(n),
-                "hostname": n,
-                "image": servers.image,
-                "labels": {docker_engine.LAB_LABEL: self.spec.name, docker_engine.NODE_LABEL: n},
-                "nano_cpus": int(servers.cpus * 1e9) if servers.cpus else None,
-                "mem_limit": servers.memory,
-            }
-            for n in in_docker
-        ]
-        started = [len(in_ns)]
-        by_container = {plan.container_name(n): n for n in in_docker}
+        """Every node's namespace (a container's for Docker servers), made by its runtime."""
+        for runtime, nodes in by_runtime(self.plan, self.topology.nodes):
+            runtime.create(self, nodes)
 
-        def attached(container: str, pid: int) -> None:
-            kernel.attach_namespace(plan.namespaces[by_container[container]], pid)
-            started[0] += 1
-            self.progress("containers", started[0], total)
-            self.checkpoint()  # in a starter thread: stops the containers not yet started
-
-        docker_engine.run_containers(specs, on_started=attached)
+    def made(self, stage: str, count: int) -> None:
+        """`count` more nodes exist (runtimes report through this; called from starter threads)."""
+        self._made += count
+        self.progress(stage, self._made, len(self.topology.nodes))
 
     def sysctls(self) -> None:
         by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.topology.nodes}

@@ -14,7 +14,7 @@ def lab_status(lab) -> dict:
     plan, topology = lab.plan, lab.topology
     namespaces = set(kernel.list_namespaces(namespace_name(lab.name, "")))
     containers = {}
-    if plan.runtime == "docker":
+    if plan.server_runtime.containerised:
         containers = {c["name"]: c["state"] for c in docker_engine.lab_containers(lab.name)}
     interfaces: dict[str, dict] = {}
     rates: dict[tuple[str, str], int | None] = {}
@@ -30,16 +30,16 @@ def lab_status(lab) -> dict:
                 rates[(link.a.node, link.a.interface)] = kernel.read_rate(nl, ns, link.a.interface)
     nodes = []
     for node in topology.nodes.values():
-        ns = plan.namespaces[node.name]
+        ns, runtime = plan.namespaces[node.name], plan.runtime_of(node.name)
         entry = {
             "name": node.name,
             "role": node.role,
             "kind": node.kind,
-            "runtime": "docker" if plan.in_container(node.name) else "netns",
+            "runtime": runtime.name,
             "namespace": ns,
             "alive": ns in namespaces,
         }
-        if plan.in_container(node.name):
+        if runtime.containerised:
             entry["container"] = plan.container_name(node.name)
             entry["alive"] = entry["alive"] and containers.get(entry["container"]) == "running"
         if node.is_server:

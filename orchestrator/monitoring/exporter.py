@@ -145,7 +145,8 @@ class FabricCollector(Collector):
         self.servers = {lab.plan.namespaces[s.name]: s.name for s in lab.topology.servers}
         self.known: dict[tuple[str, int], tuple[str, int]] = {}  # (ns, ifindex) → (name, STATS64 offset)
         # a restarted container's interfaces move to a new namespace under the old name
-        self.containers = [lab.plan.namespaces[s.name] for s in lab.topology.servers if lab.plan.in_container(s.name)]
+        self.containers = [lab.plan.namespaces[s.name] for s in lab.topology.servers
+                           if lab.plan.runtime_of(s.name).containerised]
         self.identity: dict[str, int] = {}  # container namespace → the inode its name held when read
 
     def _read(self) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ import pytest
 
 import orchestrator.deploy as deploy_module
 from orchestrator.deploy import answering, deploy
+from orchestrator.emulation.runtimes import RUNTIMES
 from orchestrator.errors import DeployError
 from orchestrator.spec import lab_from_argument
 from orchestrator.topology import from_lab
@@ -26,7 +27,7 @@ class FakeLab:
     def __init__(self, tmp_path: Path, faults: list[dict]) -> None:
         self.name = "fake"
         self.topology = from_lab(lab_from_argument("star,3"))
-        self.plan = SimpleNamespace(in_container=lambda node: False, namespaces={
+        self.plan = SimpleNamespace(runtime_of=lambda node: RUNTIMES["netns"], namespaces={
             n: f"tb-no-such-namespace-{n}" for n in self.topology.nodes})  # no namespace: no processes
         self.state = SimpleNamespace(dir=tmp_path, active_faults=lambda: faults)
 
