@@ -101,6 +101,12 @@ class PartitionPlan:
     steps: list[Step]
 
 
+def chunk_bytes_for(transport: str):
+    """chunk_bytes as a function of (schedules, credit_bytes) for `transport`: what the cost
+    model's compile_run takes."""
+    return lambda schedules, credit_bytes: chunk_bytes(schedules, credit_bytes, transport=transport)
+
+
 def peers(plans: list[PartitionPlan]) -> int:
     """How many other ranks a rank's plan sends to or receives from."""
     return len({x.dst for p in plans for s in p.steps for x in s.sends}

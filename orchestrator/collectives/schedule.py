@@ -135,6 +135,27 @@ class ScheduleError(ValueError):
     """A schedule that breaks the rules above (a bug in an algorithm)."""
 
 
+class RankMismatch(ValueError):
+    """The schedules need other agents than a run has; callers add what to do about it."""
+
+    def __init__(self, algorithm: str, ranks: int, given: int) -> None:
+        super().__init__(f"{algorithm} needs {ranks} agents (workers and parameter servers), {given} given")
+        self.ranks, self.given = ranks, given
+
+
+def check_ranks(algorithm: str, schedules, given: set[int], placed: int) -> int:
+    """The rank count of [(Partition, Schedule)], checked against the ranks that have an agent
+    (`given`) and the servers there are to put ranks on (`placed`). One rule for every run,
+    plan and prediction: no more agents than ranks, a server for every rank, and an agent for
+    every rank that moves bytes (a dead BML server's rank, idle in a re-formed schedule,
+    needs none). Without schedules (nothing to do) the agents given are the ranks."""
+    ranks = schedules[0][1].ranks if schedules else len(given)
+    busy = {r for _, schedule in schedules for _, t in schedule.transfers() for r in (t.src, t.dst)}
+    if len(given) > ranks or not busy <= given or placed < ranks:
+        raise RankMismatch(algorithm, ranks, min(len(given), placed))
+    return ranks
+
+
 def validate(schedule: Schedule) -> None:
     """Check ranks, ranges, and that no rank sends and receives overlapping ranges in a step."""
     for index, step in enumerate(schedule.steps):

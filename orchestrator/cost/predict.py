@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import Partition, partitions
-from orchestrator.collectives.schedule import Schedule
+from orchestrator.collectives.schedule import RankMismatch, Schedule, check_ranks
 from orchestrator.cost.network import Network
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import (
@@ -202,10 +202,12 @@ def build_schedules(
     ctx = Context(workers, topology, tuple(servers), dict(options or {}))
     elements = max(1, size_bytes // itemsize)
     schedules = registry.schedules(algorithm, ctx, elements, partitions([elements], partition_bytes, itemsize))
-    ranks = schedules[0][1].ranks if schedules else workers
-    if ranks > len(servers):
-        raise ValueError(f"{algorithm} with {workers} workers needs {ranks} servers (workers and parameter "
-                         f"servers); this {topology.kind} has {len(servers)}: pass fewer workers or other options")
+    wanted = schedules[0][1].ranks if schedules else workers
+    try:
+        ranks = check_ranks(algorithm, schedules, set(range(min(wanted, len(servers)))), len(servers))
+    except RankMismatch as exc:
+        raise ValueError(f"{algorithm} with {workers} workers needs {exc.ranks} servers (workers and parameter "
+                         f"servers); this {topology.kind} has {len(servers)}: pass fewer workers or other options") from None
     return schedules, servers[:ranks]
 
 

@@ -11,11 +11,13 @@ from functools import cache
 from orchestrator import topology as topology_lib
 from orchestrator import units
 from orchestrator.agent import transports
-from orchestrator.agent.plan import chunk_bytes
+from orchestrator.agent.plan import chunk_bytes_for
 from orchestrator.collectives import registry
+from orchestrator.collectives.schedule import RankMismatch
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import check_gradient_bytes, partitions
-from orchestrator.cost import Network, Prediction, predict_schedules
+from orchestrator.cost import Network, Prediction
+from orchestrator.cost.compiled import compile_run
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.experiment import workloads
 from orchestrator.faults.timeline import plan as plan_faults
@@ -143,17 +145,18 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         field = "sweep.partitionings" if spec.sweep.partitionings else "partitioning"
         raise SpecError(f"{source}: {field}.{exc} (run {point.id})") from None
     try:
-        schedules = registry.schedules(point.algorithm.name, context(point, ranks), sum(tensors), parts)
-        if schedules and schedules[0][1].ranks != len(ranks.nodes):
-            raise ValueError(f"it needs {schedules[0][1].ranks} agents (workers and parameter servers), the lab "
-                             f"gives {len(ranks.nodes)}: name separate parameter servers with ps: [...]")
-        prediction = predict_schedules(
-            topology_of(point.lab), schedules, list(ranks.nodes),
-            Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
-                               cores=latency.cores if latency else None),
-            chunk_bytes(schedules, partitioning.credit_bytes, transport=spec.agents.transport), partitioning.credit_bytes,
-            send_buffer_bytes=transports.get(spec.agents.transport).send_buffer,
-            compute_s=getattr(point.workload, "compute", 0.0), attribute=True)
+        transport = spec.agents.transport
+        compiled = compile_run(point.algorithm.name, context(point, ranks), sum(tensors), parts, nodes=ranks.nodes,
+                               given=range(len(ranks.nodes)), credit_bytes=partitioning.credit_bytes,
+                               chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer)
+        network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
+                                     cores=latency.cores if latency else None)
+        prediction = compiled.predicted(network, topology_of(point.lab), compute_s=getattr(point.workload, "compute", 0.0),
+                                        attribute=True).prediction
+    except RankMismatch as exc:
+        raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
+                        f"it needs {exc.ranks} agents (workers and parameter servers), the lab gives {exc.given}: "
+                        "name separate parameter servers with ps: [...]") from None
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
             else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"

@@ -21,16 +21,16 @@ from typing import Callable
 import grpc
 
 from orchestrator.agent import transports
-from orchestrator.agent.plan import build_rank_plans, chunk_bytes as default_chunk_bytes
+from orchestrator.agent.plan import build_rank_plans, chunk_bytes_for
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import partitions
 from orchestrator.collectives.registry import reform
-from orchestrator.cost import Network, Prediction, predict_schedules
+from orchestrator.cost import Network, Prediction
+from orchestrator.collectives.schedule import RankMismatch
+from orchestrator.cost.compiled import CompiledRun, compile_run
 from orchestrator.cost.routes import Routes
-from orchestrator.cost.shares import fair_shares
 from orchestrator.errors import RunError, TestbedError  # noqa: F401  RunError re-exported
 # the Control client (runner/endpoints.py), re-exported: driver.Endpoint, driver.wait_healthy, …
 from orchestrator.runner.endpoints import (CONTROL_OPTIONS, CONTROL_SERVICE, Endpoint, control_channel,  # noqa: F401
@@ -221,22 +221,25 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     algorithm, tensors, credit_bytes = how.algorithm, how.tensors, how.credit_bytes
     workers = [e for e in endpoints if e.role == "worker"]
     size = sum(tensors)
-    parts = partitions(tensors, how.partition_bytes)
     try:
-        schedules = registry.schedules(algorithm, ctx, size, parts)
+        compiled = compile_run(algorithm, ctx, size, partitions(tensors, how.partition_bytes),
+                               nodes=lambda ranks: _rank_nodes(ctx, endpoints, ranks)[0],
+                               given={e.rank for e in endpoints}, credit_bytes=credit_bytes,
+                               chunk_bytes=how.chunk_bytes or chunk_bytes_for(how.transport),
+                               send_buffer_bytes=transports.get(how.transport).send_buffer)
+    except RankMismatch as exc:
+        raise RunError(str(exc)) from None
     except ValueError as exc:
         raise RunError(f"cannot build {algorithm} over these servers: {exc}") from None
-    ranks = schedules[0][1].ranks if schedules else len(endpoints)
-    _check_ranks(algorithm, schedules, ranks, endpoints)
-    chunk_bytes = how.chunk_bytes or default_chunk_bytes(schedules, credit_bytes, transport=how.transport)
-    nodes, in_lab = _rank_nodes(ctx, endpoints, ranks)
+    schedules, ranks, nodes, chunk_bytes = compiled.schedules, compiled.ranks, list(compiled.nodes), compiled.chunk_bytes
+    _, in_lab = _rank_nodes(ctx, endpoints, ranks)
     network = how.network
-    send_buffer = transports.get(how.transport).send_buffer  # what the model counts as handed over
-    predicted, routes = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, send_buffer)
+    compiled = _prediction(compiled, ctx, network)
+    predicted, routes = compiled.prediction, compiled.routes
     span.predicted = predicted
     paced = predicted is not None and how.pace and in_lab
     # in a lab, each connection paced at its fair share (agent/pacing.py says why)
-    plans = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes, network), network.payload_rate) if paced \
+    plans = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate) if paced \
         else build_rank_plans(schedules, ranks)
     hashed = predicted is not None and in_lab and how.flow_paths is not None and ctx.topology.has_ecmp
     path_of = _path_finder(ctx) if in_lab else None
@@ -272,12 +275,11 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         if hashed:  # the connections are open: predict (and pace) over the paths they took
             wanted = {(nodes[t.src], routes.address(nodes[t.dst], t.nic))
                       for _, schedule in schedules for _, t in schedule.transfers() if nodes[t.src] != nodes[t.dst]}
-            routes = Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths, wanted), ctx.topology))
-            predicted, _ = _prediction(ctx, nodes, schedules, network, chunk_bytes, credit_bytes, send_buffer, routes)
-            span.predicted = predicted
+            compiled = _prediction(compiled, ctx, network,
+                                   Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths, wanted), ctx.topology)))
+            predicted = span.predicted = compiled.prediction
             if paced:
-                repaced = build_rank_plans(schedules, ranks, fair_shares(routes, schedules, nodes, network),
-                                           network.payload_rate)
+                repaced = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate)
         stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
         # all ranks enter the first iteration together, once every Start has arrived
         start_at = time.time() + START_MARGIN_SECONDS
@@ -493,14 +495,6 @@ def _around_down_nics(endpoints: list[Endpoint], ctx: Context,
     return moved
 
 
-def _check_ranks(algorithm: str, schedules, ranks: int, endpoints: list[Endpoint]) -> None:
-    """Every rank of the schedules has an agent, but ranks that move nothing (a dead BML server)."""
-    given = {e.rank for e in endpoints}
-    busy = {r for _, schedule in schedules for _, t in schedule.transfers() for r in (t.src, t.dst)}
-    if len(endpoints) > ranks or not busy <= given or (not schedules and len(endpoints) != ranks):
-        raise RunError(f"{algorithm} needs {ranks} agents (workers and servers), {len(endpoints)} given")
-
-
 def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = None) -> tuple[list[str], bool]:
     """(the server of every rank, whether the endpoints are the lab's servers): its
     endpoint's node when those are the topology's servers (a lab), else `ctx.nodes` or the
@@ -516,20 +510,15 @@ def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = Non
     return (list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]), False
 
 
-def _prediction(ctx: Context, nodes: list[str], schedules, network: Network | None, chunk_bytes: int,
-                credit_bytes: int, send_buffer_bytes: int,
-                routes: Routes | None = None) -> tuple[Prediction | None, Routes | None]:
-    """The cost model's prediction for the very schedules of this run (about 0.1 s for 16
-    servers; more with many partitions), rank r on `nodes[r]`, and the routes it mapped the
-    transfers onto (the fair shares the agents pace at use them again)."""
-    if network is None or ctx.topology is None or not schedules:
-        return None, None
+def _prediction(compiled: CompiledRun, ctx: Context, network: Network | None,
+                routes: Routes | None = None) -> CompiledRun:
+    """The run with the cost model's prediction for its very schedules (about 0.1 s for 16
+    servers; more with many partitions) and the routes it mapped the transfers onto (the
+    fair shares the agents pace at use them again)."""
     try:
-        routes = routes or Routes(ctx.topology)
-        return predict_schedules(ctx.topology, schedules, nodes, network, chunk_bytes, credit_bytes,
-                                 routes=routes, send_buffer_bytes=send_buffer_bytes), routes
+        return compiled.predicted(network, ctx.topology, routes)
     except ValueError as exc:  # more ranks than the topology has servers
-        raise RunError(f"cannot predict {schedules[0][1].algorithm} on this {ctx.topology.kind}: {exc}") from None
+        raise RunError(f"cannot predict {compiled.algorithm} on this {ctx.topology.kind}: {exc}") from None
 
 
 PATHS_TRIES, PATHS_WAIT = 5, 0.2  # for connections still being opened when the agents answered

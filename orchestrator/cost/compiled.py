@@ -1,0 +1,88 @@
+"""One compiled run: the schedules a run's agents execute, the server of every rank, the
+agents' message size and the cost model's prediction for exactly these, built in one place
+for `testbed predict` (cost/report.py), `testbed run --dry-run` and the experiment's plan
+(experiment/plan.py) and the run driver (runner/driver.py), with one rule for ranks
+(collectives.schedule.check_ranks).
+
+    compiled = compile_run("hips", ctx, elements, parts, nodes=layout, chunk_bytes=chunk_of)
+    compiled = compiled.predicted(network, topology)   # the prediction and the routes it took
+    compiled.shares()                                  # the fair share every connection paces at
+
+Pure, as the rest of the model: what the agents' transport adds (its message size, the
+bytes it holds once handed over) comes in as values or a function of the schedules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Collection, Sequence
+
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import Partition
+from orchestrator.collectives.schedule import check_ranks
+from orchestrator.cost.network import Network
+from orchestrator.cost.predict import Prediction, Schedules, predict_schedules
+from orchestrator.cost.routes import Routes
+from orchestrator.cost.shares import fair_shares
+from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, DEFAULT_SEND_BUFFER_BYTES
+from orchestrator.topology import Topology
+
+
+@dataclass(frozen=True)
+class CompiledRun:
+    algorithm: str
+    schedules: Schedules
+    nodes: tuple[str, ...]  # the server of every rank
+    chunk_bytes: int  # the agents' message size
+    credit_bytes: int
+    send_buffer_bytes: int  # what the transport holds once handed over (the model counts it sent)
+    network: Network | None = None
+    routes: Routes | None = None  # what the prediction mapped the transfers onto
+    prediction: Prediction | None = None
+
+    @property
+    def ranks(self) -> int:
+        return len(self.nodes)
+
+    def predicted(self, network: Network | None, topology: Topology | None, routes: Routes | None = None,
+                  compute_s: float = 0.0, attribute: bool = False) -> "CompiledRun":
+        """This run with the cost model's prediction on `topology` (no network or topology: none),
+        over `routes` (default: the even ECMP spread; the driver passes the paths the
+        connections took). ValueError when the model cannot take it (path work, ranks)."""
+        if network is None or topology is None or not self.schedules:
+            return dataclasses.replace(self, network=network)
+        routes = routes or Routes(topology)
+        prediction = predict_schedules(topology, self.schedules, list(self.nodes), network, self.chunk_bytes,
+                                       self.credit_bytes, routes=routes, send_buffer_bytes=self.send_buffer_bytes,
+                                       compute_s=compute_s, attribute=attribute)
+        return dataclasses.replace(self, network=network, routes=routes, prediction=prediction)
+
+    def shares(self) -> dict:
+        """The fair share of every connection over the routes predicted (agent/pacing.py)."""
+        if self.routes is None or self.network is None:
+            raise ValueError("shares of a run come from its prediction: call predicted() first")
+        return fair_shares(self.routes, self.schedules, list(self.nodes), self.network)
+
+
+def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Partition], *,
+                nodes: Sequence[str] | Callable[[int], Sequence[str]], given: Collection[int] | None = None,
+                credit_bytes: int = 0, chunk_bytes: int | Callable[[Schedules, int], int] | None = None,
+                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES) -> CompiledRun:
+    """The schedules of `algorithm` over `ctx` for `elements` gradient elements in `parts`.
+
+    `nodes`: the server of every rank (or a function of the rank count that gives them).
+    `given`: the ranks that have an agent (default: as many as the schedules need, up to the
+    nodes there are). `chunk_bytes`: the agents' message size, or a function of (schedules,
+    credit_bytes) giving it (the agents': agent.plan.chunk_bytes). ValueError from the
+    algorithm; collectives.schedule.RankMismatch when the ranks do not fit."""
+    schedules = registry.schedules(algorithm, ctx, elements, parts)
+    wanted = schedules[0][1].ranks if schedules else len(given or ())
+    placed = list(nodes(wanted) if callable(nodes) else nodes)
+    given = set(range(min(wanted, len(placed))) if given is None else given)
+    ranks = check_ranks(algorithm, schedules, given, len(placed))
+    if callable(chunk_bytes):
+        chunk_bytes = chunk_bytes(schedules, credit_bytes)
+    return CompiledRun(algorithm, schedules, tuple(placed[:ranks]), chunk_bytes or DEFAULT_CHUNK_BYTES, credit_bytes,
+                       send_buffer_bytes)
