@@ -35,11 +35,12 @@ out = Console()
 err = Console(stderr=True)
 
 LAB_HELP = "lab file (YAML) or a shorthand such as bcube,4,1 / fattree,8 / torus,4,2"
-PLUGIN_HELP = "a .py file registering algorithms (orchestrator.collectives.register), as mn --custom; repeatable"
+PLUGIN_HELP = ("a .py file registering algorithms (orchestrator.collectives.register) or topology kinds "
+               "(orchestrator.spec.register_topology), as mn --custom; repeatable")
 
 
 def _load_plugins(files: List[Path]) -> None:
-    """--plugin files and installed `testbed.algorithms` entry points, before any name is looked up."""
+    """--plugin files and installed `testbed.algorithms` entry points, before any name or kind is looked up."""
     from orchestrator import plugins
 
     plugins.load_entry_points()
@@ -86,12 +87,14 @@ def topology(
     ),
     all_paths: bool = typer.Option(False, "--all-paths", help="with --route: every ECMP path"),
     png: Optional[Path] = typer.Option(None, "--png", help="draw the topology into this PNG file"),
+    plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Describe a lab's network: counts, diameter, NICs; JSON, routes and pictures."""
     from orchestrator import topology as topo_lib
     from orchestrator.spec import lab_from_argument
     from orchestrator.topology.describe import summary, to_json
 
+    _load_plugins(plugin)
     if png is not None and not png.parent.is_dir():
         raise BadUsage(f"--png {png}: directory {png.parent} does not exist: create it or pick another path")
     spec = lab_from_argument(lab)
@@ -162,11 +165,13 @@ def up(
     lab: str = typer.Argument(..., help=LAB_HELP),
     runtime: Optional[str] = typer.Option(None, help="override servers.runtime: docker | netns"),
     name: Optional[str] = typer.Option(None, help="override the lab's name"),
+    plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Make a lab live: servers, switches, shaped links, routes, management network."""
     from orchestrator.emulation import Lab
     from orchestrator.spec import lab_from_argument
 
+    _load_plugins(plugin)
     spec = lab_from_argument(lab, **{"servers.runtime": runtime, "name": name})
     with _progress() as progress:
         task = progress.add_task("checking", total=None)

@@ -1,10 +1,12 @@
-"""A user's algorithms, loaded the way Mininet's `--custom` loads topologies.
+"""A user's algorithms and topology kinds, loaded the way Mininet's `--custom` loads topologies.
 
 A plugin is a Python file (or an installed package) that calls
-`orchestrator.collectives.register(name, build, ...)`, the call the built-ins use. It is found
-three ways:
+`orchestrator.collectives.register(name, build, ...)` or
+`orchestrator.spec.register_topology(spec, build, ...)`, the calls the built-ins use. It is
+found three ways:
 
-- `--plugin FILE` on `testbed run`, `predict` and `check-algorithm` (load_file);
+- `--plugin FILE` on `testbed run`, `predict`, `check-algorithm`, `up` and `topology`
+  (load_file; a live lab remembers the file its topology kind came from);
 - `plugins: [my_alg.py]` in an experiment file, relative to that file and inside its
   directory (load_for_experiment);
 - the entry-point group `testbed.algorithms` of an installed package: the entry point's name
@@ -33,6 +35,7 @@ from pathlib import Path
 from orchestrator import files
 from orchestrator.collectives import table
 from orchestrator.errors import PluginError
+from orchestrator.topology import kinds
 
 ENTRY_POINTS = "testbed.algorithms"
 MAX_PLUGIN_BYTES = 1 << 20
@@ -66,7 +69,7 @@ def load_file(path: str | Path, *, root: Path | None = None) -> list[str]:
         raise PluginError(f"plugin {shown}: not Python source ({exc})") from None
     module = types.ModuleType(f"testbed_plugins.{_module_name(resolved)}")
     module.__file__ = str(resolved)
-    names = _registering(shown, lambda: _execute(code, module, shown))
+    names = _registering(shown, lambda: _execute(code, module, shown), str(resolved))
     _files[resolved] = names
     return list(names)
 
@@ -80,7 +83,7 @@ def load_for_experiment(plugins: object, experiment: Path) -> list[str]:
     if len(plugins) > MAX_PLUGINS:
         raise PluginError(f"plugins: {len(plugins)} files, more than {MAX_PLUGINS}: register several algorithms in one")
     names: list[str] = []
-    before, files = dict(table.ALGORITHMS), dict(_files)
+    before, files, topology_kinds = dict(table.ALGORITHMS), dict(_files), set(kinds.KINDS)
     try:
         for index, plugin in enumerate(plugins):
             if Path(plugin).is_absolute():
@@ -91,12 +94,13 @@ def load_for_experiment(plugins: object, experiment: Path) -> list[str]:
             except PluginError as exc:
                 raise PluginError(f"plugins[{index}]: {exc}") from None
     except BaseException:  # all of the list or none of it
-        _restore(before, files)
+        _restore(before, files, topology_kinds)
         raise
     return names
 
 
-def _restore(algorithms: dict, files: dict) -> None:
+def _restore(algorithms: dict, files: dict, topology_kinds: set) -> None:
+    _forget(set(algorithms), topology_kinds)
     table.ALGORITHMS.clear()
     table.ALGORITHMS.update(algorithms)
     _files.clear()
@@ -108,7 +112,7 @@ def load_entry_points() -> list[str]:
     global _entry_points_loaded
     if _entry_points_loaded:
         return []
-    before, files = dict(table.ALGORITHMS), dict(_files)
+    before, files, topology_kinds = dict(table.ALGORITHMS), dict(_files), set(kinds.KINDS)
     names: list[str] = []
     try:
         for entry in metadata.entry_points(group=ENTRY_POINTS):
@@ -118,7 +122,7 @@ def load_entry_points() -> list[str]:
                                   f"({table.ALGORITHMS[entry.name].origin}): rename the entry point")
             names += _registering(shown, lambda entry=entry, shown=shown: _from_entry_point(entry, shown))
     except BaseException:
-        _restore(before, files)
+        _restore(before, files, topology_kinds)
         raise
     _entry_points_loaded = True
     return names
@@ -139,22 +143,32 @@ def _from_entry_point(entry: metadata.EntryPoint, shown: str) -> None:
                           "module that calls orchestrator.collectives.register")
 
 
-def _registering(shown: str, load) -> list[str]:
-    """Run `load` recording `shown` as the origin of what it registers; the new names, or,
-    when it fails, nothing left registered and a PluginError."""
-    before = set(table.ALGORITHMS)
+def _registering(shown: str, load, file: str | None = None) -> list[str]:
+    """Run `load` recording `shown` as the origin of the algorithms it registers (and `file`
+    as that of its topology kinds, so a live lab can load it again); the new algorithms'
+    names, or, when it fails, nothing left registered and a PluginError."""
+    before, kinds_before = set(table.ALGORITHMS), set(kinds.KINDS)
     try:
-        with table.origin(shown):
+        with table.origin(shown), kinds.origin(file or shown):
             load()
     except BaseException:
-        for name in set(table.ALGORITHMS) - before:
-            del table.ALGORITHMS[name]
+        _forget(before, kinds_before)
         raise
     names = [name for name in table.ALGORITHMS if name not in before]
-    if not names and not shown.startswith("entry point"):
-        raise PluginError(f"plugin {shown} registers no algorithm: call orchestrator.collectives.register(name, build) "
-                          "in it")
+    if not names and set(kinds.KINDS) == kinds_before and not shown.startswith("entry point"):
+        raise PluginError(f"plugin {shown} registers nothing: call orchestrator.collectives.register(name, build) "
+                          "or orchestrator.spec.register_topology(spec, build) in it")
     return names
+
+
+def _forget(algorithms: set, topology_kinds: set) -> None:
+    """Take out what was registered since: algorithms, and topology kinds with their models."""
+    from orchestrator.spec.kinds import unregister_topology
+
+    for name in set(table.ALGORITHMS) - algorithms:
+        del table.ALGORITHMS[name]
+    for name in set(kinds.KINDS) - topology_kinds:
+        unregister_topology(name)
 
 
 def _execute(code: types.CodeType, module: types.ModuleType, shown: str) -> None:

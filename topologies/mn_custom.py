@@ -25,10 +25,10 @@ from orchestrator.topology.mininet_topo import to_mininet  # noqa: E402
 
 def _topo(kind):
     def make(*values):
-        spec = SimpleNamespace(kind=kind, **dict(zip(topology.SHORTHAND[kind], values)))
+        spec = SimpleNamespace(kind=kind, **dict(zip(topology.kinds.shorthand()[kind], values)))
         return to_mininet(topology.build(spec))
 
     return make
 
 
-topos = {kind: _topo(kind) for kind in topology.SHORTHAND}
+topos = {kind: _topo(kind) for kind in topology.kinds.shorthand()}

@@ -1,10 +1,8 @@
 """Where a transfer's bytes go: the link directions its connection crosses, as the lab's
 routing tables send it.
 
-A transfer leaves `src` towards the peer's address on the NIC the schedule names (as the
-agents pick it: `deploy.lab_agents.nic_addresses`, mirrored in `NIC_ADDRESSES` below and
-checked against it by the unit tests; that module imports emulation, which the model may
-not). From there the routing tables decide, hop by hop: BCube servers relay by digit
+A transfer leaves `src` towards the peer's address on the NIC the schedule names (the
+address its kind's `nic_addresses` gives, as the agents pick it). From there the routing tables decide, hop by hop: BCube servers relay by digit
 correction, the torus routes by dimension order, Fat-Tree, BiGraph and leaf-spine routers
 spread over equal-cost next hops.
 
@@ -23,40 +21,16 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Callable
 
-from orchestrator.topology import Topology
+from orchestrator.topology import Topology, kinds
 
 Address = ipaddress.IPv4Address
 
 
-def _by_level(topology: Topology, node: str) -> dict[int, Address]:
-    """BCube: NIC l reaches a peer's address on its level-l NIC."""
-    return {i.level: i.address.ip for i in topology.node(node).data_nics() if i.level is not None}
-
-
-def _facing(topology: Topology, node: str) -> dict[int, Address]:
-    """Torus: a sender's +1 NIC (eth2d) lands on the neighbour's −1 NIC (eth2d+1) and back;
-    for k = 2 one NIC per dimension faces both ways."""
-    out = {}
-    for iface in topology.node(node).data_nics():
-        index = int(iface.name.rsplit("eth", 1)[1])
-        out[index if topology.params["k"] == 2 else index ^ 1] = iface.address.ip
-    return out
-
-
-# kind → the addresses of a server that each sender NIC index reaches (kinds not listed
-# have one NIC per server: every transfer goes to the primary address)
-NIC_ADDRESSES: dict[str, Callable[[Topology, str], dict[int, Address]]] = {
-    "bcube": _by_level,
-    "torus": _facing,
-}
-
-
 def target_address(topology: Topology, node: str, nic: int | None) -> Address:
     """The address of `node` a transfer leaving by sender NIC `nic` is sent to."""
-    if nic is not None and topology.kind in NIC_ADDRESSES:
-        address = NIC_ADDRESSES[topology.kind](topology, node).get(nic)
+    if nic is not None:
+        address = kinds.nic_addresses(topology, node).get(nic)
         if address is not None:
             return address
     return topology.address_of(node)

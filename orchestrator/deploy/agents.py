@@ -20,7 +20,7 @@ from pathlib import Path
 
 from orchestrator.emulation.journal import write_atomically
 from orchestrator.runner.endpoints import Endpoint
-from orchestrator.topology import Topology
+from orchestrator.topology import Topology, kinds
 from orchestrator.topology.describe import diameter
 
 CONTROL_PORT, DATA_PORT, METRICS_PORT = 7000, 7001, 9100
@@ -43,22 +43,9 @@ def flow_window(spec, topology: Topology) -> int:
 
 def nic_addresses(topology: Topology, server: str) -> dict[int, str]:
     """For each NIC index a sender may name: this server's address directly reachable from
-    a sender's NIC of that index (BCube: the same level; torus: the opposite direction of
-    the same dimension, since a +1 link lands on the neighbour's −1 NIC)."""
-    node = topology.node(server)
-    by_level = {i.level: str(i.address.ip) for i in node.data_nics() if i.level is not None}
-    if topology.kind == "bcube":
-        return by_level
-    if topology.kind == "torus":
-        addresses = {}
-        for iface in node.data_nics():
-            index = int(iface.name.rsplit("eth", 1)[1])
-            if topology.params["k"] == 2:
-                addresses[index] = str(iface.address.ip)
-            else:
-                addresses[index ^ 1] = str(iface.address.ip)  # eth2d (+) ↔ eth2d+1 (−)
-        return addresses
-    return {}
+    a sender's NIC of that index (its kind's registered NIC facts; the cost model routes by
+    the same)."""
+    return {index: str(address) for index, address in kinds.nic_addresses(topology, server).items()}
 
 
 def lab_secret(state_dir: Path) -> bytes:

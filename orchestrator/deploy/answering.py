@@ -84,7 +84,7 @@ def _from_processes(lab, servers: list[str]) -> dict[str, str]:
     for runtime, group in by_runtime(lab.plan, servers):  # a paused container
         why.update(runtime.paused(lab, group))
     # a server with the host's processes: its agents' own, stopped one by one
-    spaces = {lab.plan.namespaces[s]: s for s in servers if not lab.plan.runtime_of(s).containerised}
+    spaces = {lab.plan.namespaces[s]: s for s in servers if not lab.runtime_of(s).containerised}
     for space, pids in kernel.pids_by_namespace(spaces).items():
         server = spaces[space]
         stopped = stopped_agents(pids, supervision.running(lab, server))

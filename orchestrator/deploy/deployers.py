@@ -47,7 +47,7 @@ class NsenterAccess:
     name = "nsenter"
 
     def host_vars(self, lab, server: str) -> dict:
-        if lab.plan.runtime_of(server).containerised:
+        if lab.runtime_of(server).containerised:
             return {"testbed_container": lab.plan.container_name(server)}
         home = supervision.server_dir(lab, server)
         return {"testbed_netns": lab.plan.namespaces[server], "agent_home": str(home / "agent"),
@@ -55,7 +55,7 @@ class NsenterAccess:
 
     def common_vars(self, lab) -> dict:
         common = {"ansible_connection": "testbed_nsenter"}
-        if lab.plan.server_runtime.containerised:
+        if lab.server_runtime.containerised:
             return common | {"ansible_python_interpreter": "/usr/bin/python3", "agent_python": IMAGE_PYTHON}
         # a netns server has the host's files: this venv's agent and python, temporary files
         # under the lab (not root's home)
@@ -65,7 +65,7 @@ class NsenterAccess:
                          "ansible_remote_tmp": str(deploy_dir(lab) / "remote-tmp")}
 
     def prepare(self, lab, servers: list[str], progress: Progress) -> None:
-        netns = [s for s in servers if not lab.plan.runtime_of(s).containerised]
+        netns = [s for s in servers if not lab.runtime_of(s).containerised]
         if netns:
             supervision.ensure(lab, netns)
 
@@ -89,7 +89,7 @@ class SshAccess:
     def prepare(self, lab, servers: list[str], progress: Progress) -> None:
         """The lab's keys, then sshd on every server (through nsenter: how a real machine's
         provisioning would put a key on it)."""
-        if not lab.plan.server_runtime.containerised:
+        if not lab.server_runtime.containerised:
             raise DeployError(f"lab {lab.name}: deploying over SSH needs Docker servers (a netns server shares the "
                               "host's files, sshd included): deploy it with --via nsenter")
         keys = ssh.ensure(lab, [s.name for s in lab.topology.servers])
@@ -139,7 +139,7 @@ class AnsibleDeployer:
 
     def stop(self, lab, servers: list[str], progress: Progress) -> PlaybookResult:
         result = _run(lab, "undeploy.yml", NsenterAccess(), servers, progress)  # removal needs no SSH
-        supervision.stop(lab, [s for s in servers if not lab.plan.runtime_of(s).containerised])
+        supervision.stop(lab, [s for s in servers if not lab.runtime_of(s).containerised])
         return result
 
 

@@ -8,7 +8,8 @@
       children: workers, ps, and the topology's own groups (registered per kind below):
                 BCube levels (level0 → one group per level-0 switch, l0s0, l0s1, …),
                 Fat-Tree pods (pod0, …), BiGraph halves (upper, lower) and their switches,
-                torus rings (dim0 → dim0_ring0, …), leaf-spine leaves, star: none.
+                torus rings (dim0 → dim0_ring0, …), leaf-spine leaves, star: none
+                (each kind's registered groups: topology/groups.py).
 
 Rendered as YAML, JSON (the YAML inventory plugin reads both) or INI; `ansible-inventory -i
 FILE --list` lists every server with its vars. The token is never in it: the playbooks derive
@@ -25,59 +26,7 @@ import yaml
 
 from orchestrator.deploy.agents import CONTROL_PORT, DATA_PORT, METRICS_PORT, data_addresses, nic_addresses
 from orchestrator.errors import BadUsage
-from orchestrator.topology import Topology
-from orchestrator.topology.model import Endpoint
-
-Groups = dict[str, list[str]]  # group → servers; a name ending in "/" holds child groups instead
-
-
-def _by_attr(attr: str, prefix: str = "") -> Callable[[Topology], Groups]:
-    def groups(topology: Topology) -> Groups:
-        out: Groups = {}
-        for server in topology.servers:
-            if attr in server.attrs:
-                out.setdefault(f"{prefix}{server.attrs[attr]}", []).append(server.name)
-        return out
-
-    return groups
-
-
-def _bcube(topology: Topology) -> Groups:
-    """level<l>: children, one group per level-l switch, named after it."""
-    out: Groups = {}
-    for server in topology.servers:
-        for nic in server.data_nics():
-            switch = topology.peer(Endpoint(server.name, nic.name))
-            if switch is not None and nic.level is not None:
-                out.setdefault(f"level{nic.level}/", [])
-                if switch.node not in out[f"level{nic.level}/"]:
-                    out[f"level{nic.level}/"].append(switch.node)
-                out.setdefault(switch.node, []).append(server.name)
-    return out
-
-
-def _torus(topology: Topology) -> Groups:
-    out: Groups = {}
-    for dim, rings in topology.facts.get("rings", {}).items():
-        out[f"dim{dim}/"] = [f"dim{dim}_ring{i}" for i in range(len(rings))]
-        out.update({f"dim{dim}_ring{i}": list(ring) for i, ring in enumerate(rings)})
-    return out
-
-
-def _bigraph(topology: Topology) -> Groups:
-    return _by_attr("half")(topology) | _by_attr("switch")(topology)
-
-
-# the structure groups of each kind of topology (register a new kind here)
-GROUPS: dict[str, Callable[[Topology], Groups]] = {
-    "bcube": _bcube,
-    "fattree": _by_attr("pod", "pod"),
-    "bigraph": _bigraph,
-    "torus": _torus,
-    "leafspine": _by_attr("switch"),
-    "star": lambda topology: {},
-}
-
+from orchestrator.topology import kinds
 
 def group_name(name: str) -> str:
     """A valid Ansible group name (letters, digits, underscores; not starting with a digit)."""
@@ -116,7 +65,7 @@ def build(lab, access_vars: Callable[[str], dict], common: dict, roles: dict[str
         "workers": {"hosts": {name: None for name in servers if roles.get(name, "worker") == "worker"}},
         "ps": {"hosts": {name: None for name in servers if roles.get(name) == "ps"}},
     }
-    for name, members in GROUPS[topology.kind](topology).items():
+    for name, members in kinds.groups(topology).items():
         if name.endswith("/"):
             children[group_name(name[:-1])] = {"children": {group_name(child): None for child in members}}
         else:

@@ -24,9 +24,11 @@ from orchestrator.emulation import capacity, cleanup, features, isolation, kerne
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
+from orchestrator.emulation import runtimes
 from orchestrator.emulation.runtimes import ExecResult, ServerRuntime, by_runtime, runtime_named
 from orchestrator.errors import EmulationError, LabCrashed, LabExists, NodeNotFound, TopologyError
 from orchestrator.spec import LabSpec
+from orchestrator.spec.kinds import plugin_of, require
 from orchestrator.topology import Endpoint, Link, Topology, from_lab, reroute
 from orchestrator.topology.model import BRIDGE
 
@@ -69,7 +71,8 @@ class Lab:
                 state.create(
                     spec.model_dump(mode="json"),
                     {"status": "building", "pid": os.getpid(), "id": plan.id,
-                     "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet)},
+                     "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet),
+                     "topology_plugin": plugin_of(spec.topology.kind)},
                 )
             lab = cls(spec, plan, state)
             try:
@@ -91,8 +94,12 @@ class Lab:
                 raise busy_error(name)
             if not crashed_ok:
                 raise LabCrashed(f"lab {name!r} crashed while being built: run `testbed clean {name}`")
-        spec = LabSpec.model_validate(state.spec())
-        info = state.state()
+        info, written = state.state(), state.spec()
+        topology = written.get("topology") if isinstance(written, dict) else None
+        plugin = info.get("topology_plugin")
+        if isinstance(topology, dict) and isinstance(topology.get("kind"), str):  # a plugin's kind: load it again
+            require(topology["kind"], plugin if isinstance(plugin, str) else None)
+        spec = LabSpec.model_validate(written)
         topology = from_lab(spec)
         plan = LabPlan(name, topology, info["runtime"], ipaddress.IPv4Network(info["mgmt_subnet"]))
         return cls(spec, plan, state)
@@ -140,7 +147,11 @@ class Lab:
     def runtime_of(self, node: str) -> ServerRuntime:
         """What `node` runs in (emulation/runtimes.py): a switch always netns."""
         self.check_node(node)
-        return self.plan.runtime_of(node)
+        return runtimes.runtime_of(self.plan, node)
+
+    @property
+    def server_runtime(self) -> ServerRuntime:
+        return runtimes.server_runtime(self.plan)
 
     # -- running things -----------------------------------------------------------------------
     def exec(self, node: str, command: str | Sequence[str], timeout: float | None = None) -> ExecResult:

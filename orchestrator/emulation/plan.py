@@ -29,16 +29,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from orchestrator.emulation.journal import lab_id
 from orchestrator.errors import TopologyError
 from orchestrator.topology import Topology
 from orchestrator.topology.addressing import bits_for
 from orchestrator.topology.model import FORWARDING_SYSCTLS
-
-if TYPE_CHECKING:
-    from orchestrator.emulation.runtimes import ServerRuntime
 
 NAMESPACE_PREFIX = "testbed-"
 MGMT_POOL = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range
@@ -179,22 +175,6 @@ class LabPlan:
     def container_name(self, node: str) -> str:
         return self.namespaces[node]
 
-    @property
-    def server_runtime(self) -> ServerRuntime:
-        """The runtime of this lab's servers: its `runtime`, from the runtimes' table."""
-        return _runtime(self.runtime)
-
-    def runtime_of(self, node: str) -> ServerRuntime:
-        """What `node` runs in: the servers' runtime, or netns for a switch whatever the lab's."""
-        return self.server_runtime if self.topology.nodes[node].is_server else _runtime("netns")
-
     def root_links(self) -> list[str]:
         """Every link of the lab in the root namespace: its bridges and server ports."""
         return self.mgmt_bridges() + [host_if for host_if, _ in self.mgmt.values()]
-
-
-def _runtime(name: str) -> ServerRuntime:
-    # imported here: runtimes imports the kernel's and Docker's modules, and the plan is pure
-    from orchestrator.emulation.runtimes import runtime_named
-
-    return runtime_named(name)

@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from orchestrator.emulation import cleanup, docker_engine, images, kernel
 from orchestrator.emulation.journal import Entry
-from orchestrator.emulation.plan import OPTIONAL_SYSCTLS
+from orchestrator.emulation.plan import OPTIONAL_SYSCTLS, LabPlan
 from orchestrator.errors import EmulationError, PluginError
 
-if TYPE_CHECKING:  # lab.py imports this module
-    from orchestrator.emulation.lab import Lab, _Builder
-    from orchestrator.emulation.plan import LabPlan
+if TYPE_CHECKING:
     from orchestrator.spec import LabSpec
+# Lab and _Builder (emulation/lab.py, which imports this module) are named in annotations only.
 
 
 @dataclass
@@ -236,12 +235,22 @@ def runtime_named(name: str) -> ServerRuntime:
                              "(a plugin's must be loaded before its labs are used)") from None
 
 
+def server_runtime(plan: LabPlan) -> ServerRuntime:
+    """The runtime of a lab's servers: its `runtime`, from the table."""
+    return runtime_named(plan.runtime)
+
+
+def runtime_of(plan: LabPlan, node: str) -> ServerRuntime:
+    """What `node` runs in: the servers' runtime, or netns for a switch whatever the lab's."""
+    return server_runtime(plan) if plan.topology.nodes[node].is_server else runtime_named("netns")
+
+
 def by_runtime(plan: LabPlan, nodes: Iterable[str]) -> list[tuple[ServerRuntime, list[str]]]:
     """`nodes` grouped by their runtime, in the table's order: netns (every switch's) first,
     as bring-up has always made namespaces before containers."""
     groups: dict[int, tuple[ServerRuntime, list[str]]] = {}  # by identity: a runtime need not hash
     for node in nodes:
-        runtime = plan.runtime_of(node)
+        runtime = runtime_of(plan, node)
         groups.setdefault(id(runtime), (runtime, []))[1].append(node)
     order = {id(runtime): n for n, runtime in enumerate(RUNTIMES.values())}
     return sorted(groups.values(), key=lambda group: order.get(id(group[0]), len(order)))

@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 
-from orchestrator.emulation import docker_engine, kernel
+from orchestrator.emulation import docker_engine, kernel, runtimes
 from orchestrator.emulation.plan import namespace_name
 
 
@@ -14,7 +14,7 @@ def lab_status(lab) -> dict:
     plan, topology = lab.plan, lab.topology
     namespaces = set(kernel.list_namespaces(namespace_name(lab.name, "")))
     containers = {}
-    if plan.server_runtime.containerised:
+    if runtimes.server_runtime(plan).containerised:
         containers = {c["name"]: c["state"] for c in docker_engine.lab_containers(lab.name)}
     interfaces: dict[str, dict] = {}
     rates: dict[tuple[str, str], int | None] = {}
@@ -30,7 +30,7 @@ def lab_status(lab) -> dict:
                 rates[(link.a.node, link.a.interface)] = kernel.read_rate(nl, ns, link.a.interface)
     nodes = []
     for node in topology.nodes.values():
-        ns, runtime = plan.namespaces[node.name], plan.runtime_of(node.name)
+        ns, runtime = plan.namespaces[node.name], runtimes.runtime_of(plan, node.name)
         entry = {
             "name": node.name,
             "role": node.role,

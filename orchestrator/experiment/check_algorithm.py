@@ -45,7 +45,11 @@ class Verdict:
 def names_of(target: str) -> list[str]:
     """The algorithms `target` names: a registered name, or a plugin file's registrations."""
     if target.endswith(".py") or Path(target).is_file():
-        return plugins.load_file(target)
+        names = plugins.load_file(target)
+        if not names:
+            raise BadUsage(f"check-algorithm: {target} registers no algorithm (a topology kind only?): "
+                           "give a plugin that calls orchestrator.collectives.register")
+        return names
     plugins.load_entry_points()
     try:
         registry.get(target)

@@ -146,7 +146,7 @@ class FabricCollector(Collector):
         self.known: dict[tuple[str, int], tuple[str, int]] = {}  # (ns, ifindex) → (name, STATS64 offset)
         # a restarted container's interfaces move to a new namespace under the old name
         self.containers = [lab.plan.namespaces[s.name] for s in lab.topology.servers
-                           if lab.plan.runtime_of(s.name).containerised]
+                           if lab.runtime_of(s.name).containerised]
         self.identity: dict[str, int] = {}  # container namespace → the inode its name held when read
 
     def _read(self) -> tuple[dict, dict]:

@@ -1,9 +1,11 @@
 """Spec files (lab, experiment): pydantic models validated once, with one-line errors."""
 
-from orchestrator.spec.lab import TOPOLOGY_KINDS, LabSpec
+from orchestrator.spec.kinds import register_topology, unregister_topology
+from orchestrator.spec.lab import LabSpec, topology_kinds
 from orchestrator.spec.loader import load, read_yaml, validate
 
-__all__ = ["LabSpec", "TOPOLOGY_KINDS", "lab_from_argument", "load", "load_lab", "read_yaml", "validate"]
+__all__ = ["LabSpec", "lab_from_argument", "load", "load_lab", "read_yaml", "register_topology", "topology_kinds",
+           "unregister_topology", "validate"]
 
 
 def load_lab(path) -> LabSpec:
@@ -21,11 +23,11 @@ def lab_from_argument(argument: str, **overrides) -> LabSpec:
     from orchestrator.errors import SpecError
     from orchestrator.spec.lab import NAME_PATTERN
     from orchestrator.spec.loader import display_path
-    from orchestrator.topology import SHORTHAND
+    from orchestrator.topology.kinds import shorthand
 
     kind, *values = argument.split(",")
-    if kind in SHORTHAND and not _is_file(argument):
-        names = SHORTHAND[kind]
+    if kind in shorthand() and not _is_file(argument):
+        names = shorthand()[kind]
         shown = display_path(argument)
         if len(values) != len(names):
             raise SpecError(f"{shown}: {kind} takes {len(names)} numbers: {kind},{','.join(n.upper() for n in names)}")
@@ -38,6 +40,9 @@ def lab_from_argument(argument: str, **overrides) -> LabSpec:
         source = argument
         if not re.fullmatch(NAME_PATTERN, name):  # only numbers out of range make it so: say which
             validate(LabSpec, {**data, "name": kind}, source)
+    elif values and re.fullmatch(r"[a-z][a-z0-9]*", kind) and not _is_file(argument):
+        raise SpecError(f"{display_path(argument)}: unknown topology kind {kind}: use one of "
+                        f"{', '.join(shorthand())}, or load the plugin that registers it with --plugin")
     else:
         data, source = read_yaml(argument), argument
     for dotted, value in overrides.items():

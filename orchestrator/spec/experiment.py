@@ -173,14 +173,14 @@ class PartitioningSpec(_Strict):
 # -- sweeps ---------------------------------------------------------------------------------------
 def _topology(value: Any) -> Any:
     """`bcube,2,1` as the lab shorthand writes it, or a topology mapping."""
-    from orchestrator.topology import SHORTHAND  # a table of parameter names; no I/O
+    from orchestrator.topology.kinds import shorthand  # a table of parameter names; no I/O
 
     if not isinstance(value, str):
         return _checked_topology(value)
     kind, *numbers = value.split(",")
-    names = SHORTHAND.get(kind.strip())
+    names = shorthand().get(kind.strip())
     if names is None:
-        raise ValueError(f"{units.shown(value)}: unknown kind: use one of {', '.join(SHORTHAND)}")
+        raise ValueError(f"{units.shown(value)}: unknown kind: use one of {', '.join(shorthand())}")
     if len(numbers) != len(names):
         quote = " (in a [...] list, quote it: YAML splits at the commas)" if not numbers else ""
         raise ValueError(f"{units.shown(value)}: {kind} takes {len(names)} numbers: {kind},"

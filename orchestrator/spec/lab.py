@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -321,11 +322,42 @@ def read_graph_file(directory: Path, name: Any) -> dict:
     return {"servers": roles["server"], "l2": roles["l2"], "l3": roles["l3"], "links": links}
 
 
-TopologySpec = Annotated[
-    Union[BCubeSpec, FatTreeSpec, TorusSpec, BiGraphSpec, LeafSpineSpec, StarSpec, GraphSpec],
-    Field(discriminator="kind"),
-]
-TOPOLOGY_KINDS = ("bcube", "fattree", "torus", "bigraph", "leafspine", "star", "graph")
+# -- the lab-file model of each topology kind ----------------------------------------------------
+# Paired with the kind's record (topology/kinds.py) by `orchestrator.spec.register_topology`;
+# the `topology:` union is made from this table whenever a model's schema is built.
+TOPOLOGY_SPECS: dict[str, type[BaseModel]] = {}
+
+
+def kind_name(model: Any) -> str:
+    """The kind a topology model's `kind: Literal["name"]` field names; ValueError otherwise."""
+    fields = getattr(model, "model_fields", None) if isinstance(model, type) and issubclass(model, BaseModel) else None
+    kind = (fields or {}).get("kind")
+    names = typing.get_args(kind.annotation) if kind is not None and typing.get_origin(kind.annotation) is Literal else ()
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise ValueError(f"{getattr(model, '__name__', model)!s}: a topology spec is a pydantic model with a field "
+                         "`kind: Literal[\"name\"]`")
+    return names[0]
+
+
+class TopologySpec:
+    """The `topology:` of a lab file: one of the registered kinds' models, chosen by `kind`."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return handler(Annotated[Union[tuple(TOPOLOGY_SPECS.values())], Field(discriminator="kind")])
+
+    @staticmethod
+    def tagged_models() -> dict[str, type[BaseModel]]:
+        """kind → model, for error messages (spec/loader.py)."""
+        return dict(TOPOLOGY_SPECS)
+
+
+for _model in (BCubeSpec, FatTreeSpec, TorusSpec, BiGraphSpec, LeafSpineSpec, StarSpec, GraphSpec):
+    TOPOLOGY_SPECS[kind_name(_model)] = _model
+
+
+def topology_kinds() -> tuple[str, ...]:
+    return tuple(TOPOLOGY_SPECS)
 
 
 MAX_LINK_OVERRIDES = 4096

@@ -324,7 +324,11 @@ def _models_of(annotation: Any) -> Any:
     """A model class, or a {tag: model} dict for a discriminated union, or None."""
     if _is_model(annotation):
         return annotation
-    models = [a for a in _flatten(typing.get_args(annotation)) if _is_model(a)]
+    flat = _flatten((annotation,))
+    for arg in flat:
+        if hasattr(arg, "tagged_models"):  # a union made from a table (spec/lab.TopologySpec)
+            return arg.tagged_models()
+    models = [a for a in flat if _is_model(a)]
     tagged = {}
     for candidate in models:
         kind = candidate.model_fields.get("kind")

@@ -11,7 +11,8 @@ import ipaddress
 
 # Only the standard library below this package: Mininet's `mn` loads it with Debian's Python.
 from orchestrator.errors import TopologyError
-from orchestrator.topology import bcube, fattree, graph, switched, torus
+from orchestrator.topology import bcube, fattree, graph, groups, layouts, switched, torus
+from orchestrator.topology.kinds import KINDS, TopologyKind, kind_of, register_kind
 from orchestrator.topology.model import (
     Endpoint,
     Interface,
@@ -25,19 +26,33 @@ from orchestrator.topology.model import (
 
 __all__ = [
     "Endpoint", "Interface", "Link", "NextHop", "Node", "Route", "RoutingError", "Topology",
-    "build", "from_lab",
+    "KINDS", "TopologyKind", "build", "from_lab", "kind_of", "register_kind",
 ]
 
 
-# Positional parameters of each kind, for `bcube,4,1`-style names (CLI and Mininet's --topo).
-SHORTHAND = {
-    "bcube": ("n", "k"),
-    "fattree": ("k",),
-    "torus": ("k", "d"),
-    "bigraph": ("switches", "servers_per_switch"),
-    "leafspine": ("leaves", "spines", "servers_per_leaf"),
-    "star": ("servers",),
-}
+# The built-in kinds, registered as a user's kind would be (orchestrator.spec.register_topology
+# pairs each with its lab-file model).
+for _kind in (
+    TopologyKind("bcube", lambda spec, data, links: bcube.build(spec.n, spec.k, data, links), ("n", "k"),
+                 "BCube", layouts.bcube, bcube.nic_addresses, groups.bcube),
+    TopologyKind("fattree", lambda spec, data, links: fattree.build(spec.k, data, links), ("k",),
+                 "Fat-Tree", layouts.fattree, None, groups.by_attr("pod", "pod")),
+    TopologyKind("torus", lambda spec, data, links: torus.build(spec.k, spec.d, data, links), ("k", "d"),
+                 "Torus", layouts.torus, torus.nic_addresses, groups.torus),
+    TopologyKind("bigraph", lambda spec, data, links: switched.build_bigraph(
+        spec.switches, spec.servers_per_switch, data, links), ("switches", "servers_per_switch"),
+                 "BiGraph", layouts.bigraph, None, groups.bigraph),
+    TopologyKind("leafspine", lambda spec, data, links: switched.build_leafspine(
+        spec.leaves, spec.spines, spec.servers_per_leaf, data, links), ("leaves", "spines", "servers_per_leaf"),
+                 "Leaf-spine", layouts.leafspine, None, groups.by_attr("switch")),
+    TopologyKind("star", lambda spec, data, links: switched.build_star(spec.servers, data, links), ("servers",),
+                 "Star", layouts.star, None, groups.none),
+    TopologyKind("graph", lambda spec, data, links: graph.build(
+        list(spec.servers), list(spec.l2), list(spec.l3),
+        [(link.a, link.b, link.bandwidth) for link in spec.links], data, links), (),
+                 "Graph", layouts.graph, None, groups.none),
+):
+    register_kind(_kind)
 
 DEFAULT_DATA = ipaddress.IPv4Network("10.0.0.0/8")
 DEFAULT_LINKS = ipaddress.IPv4Network("172.16.0.0/12")
@@ -50,25 +65,7 @@ def build(spec, addressing=None) -> Topology:
     """
     data = addressing.data if addressing is not None else DEFAULT_DATA
     links = addressing.links if addressing is not None else DEFAULT_LINKS
-    match spec.kind:
-        case "bcube":
-            return bcube.build(spec.n, spec.k, data, links)
-        case "fattree":
-            return fattree.build(spec.k, data, links)
-        case "torus":
-            return torus.build(spec.k, spec.d, data, links)
-        case "bigraph":
-            return switched.build_bigraph(spec.switches, spec.servers_per_switch, data, links)
-        case "leafspine":
-            return switched.build_leafspine(
-                spec.leaves, spec.spines, spec.servers_per_leaf, data, links
-            )
-        case "star":
-            return switched.build_star(spec.servers, data, links)
-        case "graph":
-            return graph.build(list(spec.servers), list(spec.l2), list(spec.l3),
-                               [(link.a, link.b, link.bandwidth) for link in spec.links], data, links)
-    raise ValueError(f"unknown topology kind {spec.kind!r}")
+    return kind_of(spec.kind).build(spec, data, links)
 
 
 def from_lab(lab) -> Topology:

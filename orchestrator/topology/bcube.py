@@ -150,3 +150,8 @@ def build(n: int, k: int, data_pool, links_pool=None) -> Topology:
         "route_order": order,
     }
     return builder.build(facts, lazy_routes=routes)
+
+
+def nic_addresses(topology: Topology, server: str) -> dict:
+    """A sender's level-l NIC reaches `server` on its own level-l NIC (same switch)."""
+    return {i.level: i.address.ip for i in topology.node(server).data_nics() if i.level is not None}

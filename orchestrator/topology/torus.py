@@ -100,3 +100,13 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
     }
     facts = {"k": k, "d": d, "rings": rings}  # rings: per dimension, each ring in + order
     return builder.build(facts, lazy_routes=routes)
+
+
+def nic_addresses(topology: Topology, server: str) -> dict:
+    """A sender's +1 NIC (eth2d) lands on the neighbour's −1 NIC (eth2d+1) and back; for
+    k = 2 one NIC per dimension faces both ways."""
+    out = {}
+    for iface in topology.node(server).data_nics():
+        index = int(iface.name.rsplit("eth", 1)[1])
+        out[index if topology.params["k"] == 2 else index ^ 1] = iface.address.ip
+    return out

@@ -27,12 +27,15 @@ class FakeLab:
     def __init__(self, tmp_path: Path, faults: list[dict]) -> None:
         self.name = "fake"
         self.topology = from_lab(lab_from_argument("star,3"))
-        self.plan = SimpleNamespace(runtime_of=lambda node: RUNTIMES["netns"], namespaces={
+        self.plan = SimpleNamespace(runtime="netns", topology=self.topology, namespaces={
             n: f"tb-no-such-namespace-{n}" for n in self.topology.nodes})  # no namespace: no processes
         self.state = SimpleNamespace(dir=tmp_path, active_faults=lambda: faults)
 
     def check_node(self, name: str) -> None:
         assert name in self.topology.nodes
+
+    def runtime_of(self, name: str):
+        return RUNTIMES["netns"]
 
 
 def fault(fault_id: str, action: str, target: str) -> dict:

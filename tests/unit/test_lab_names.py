@@ -144,10 +144,10 @@ def test_node_names_never_hold_a_dash_so_namespaces_name_their_lab_exactly(short
     from orchestrator import topology
     from orchestrator.emulation.cleanup import lab_of_namespace
     from orchestrator.emulation.plan import namespace_name
-    from orchestrator.spec import TOPOLOGY_KINDS, lab_from_argument
+    from orchestrator.spec import topology_kinds, lab_from_argument
 
     topo = topology.from_lab(lab_from_argument(shorthand))
-    assert shorthand.split(",")[0] in TOPOLOGY_KINDS
+    assert shorthand.split(",")[0] in topology_kinds()
     assert not [n for n in topo.nodes if "-" in n]
     for lab in ("relq", "relq-a", "a-b-c"):
         assert {lab_of_namespace(namespace_name(lab, n)) for n in topo.nodes} == {lab}

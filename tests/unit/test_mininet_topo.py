@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import topology
-from orchestrator.topology import SHORTHAND
+from orchestrator.topology.kinds import shorthand
 from orchestrator.topology.mininet_topo import BridgeSwitch, RouterSwitch, TestbedHost, to_mininet
 from types import SimpleNamespace
 
@@ -18,7 +18,7 @@ CASES = {
 
 
 def _build(kind: str, values):
-    return topology.build(SimpleNamespace(kind=kind, **dict(zip(SHORTHAND[kind], values))))
+    return topology.build(SimpleNamespace(kind=kind, **dict(zip(shorthand()[kind], values))))
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -50,6 +50,6 @@ def test_shaped_links_carry_bandwidth():
 def test_custom_file_offers_every_kind():
     path = Path(__file__).resolve().parents[2] / "topologies" / "mn_custom.py"
     namespace = runpy.run_path(str(path))
-    assert set(namespace["topos"]) == set(SHORTHAND)
+    assert set(namespace["topos"]) == set(shorthand())
     mn = namespace["topos"]["bcube"](3, 1)
     assert len(mn.hosts()) == 9 and len(mn.switches()) == 6

@@ -166,7 +166,7 @@ BROKEN = {
     "raises": ("import math\nx = math.sqrt(-1)\n", ["bad.py:2: ValueError: math domain error"]),
     "duplicate": ("from orchestrator.collectives import register\nregister('ring', lambda *a: None)\n",
                   ["bad.py:2: algorithm ring is registered already (built-in)"]),
-    "nothing": ("x = 1\n", ["bad.py registers no algorithm", "orchestrator.collectives.register"]),
+    "nothing": ("x = 1\n", ["bad.py registers nothing", "orchestrator.collectives.register"]),
     "bad name": ("from orchestrator.collectives import register\nregister('My Alg', lambda *a: None)\n",
                  ["bad.py:2: algorithm name 'My Alg'"]),
     "memory": ("x = bytearray(1 << 40)\n", ["bad.py:1: ran out of memory while loading"]),

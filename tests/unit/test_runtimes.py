@@ -14,7 +14,7 @@ import pytest
 from orchestrator.emulation.journal import LabState
 from orchestrator.emulation.lab import Lab
 from orchestrator.emulation.plan import LabPlan
-from orchestrator.emulation.runtimes import (RUNTIMES, DockerRuntime, ExecResult, NetnsRuntime, by_runtime,
+from orchestrator.emulation.runtimes import (RUNTIMES, DockerRuntime, ExecResult, NetnsRuntime, by_runtime, runtime_of, server_runtime,
                                              register_runtime)
 from orchestrator.errors import EmulationError, PluginError
 from orchestrator.spec import lab_from_argument
@@ -66,9 +66,9 @@ def test_a_registered_runtime_runs_the_servers_and_the_switches_stay_in_netns(fa
     servers = [s.name for s in topology.servers]
     switches = [n for n in topology.nodes if n not in servers]
     assert switches, "a star has a switch"
-    assert plan.server_runtime is fake
-    assert all(plan.runtime_of(s) is fake for s in servers)
-    assert all(plan.runtime_of(s) is RUNTIMES["netns"] for s in switches)
+    assert server_runtime(plan) is fake
+    assert all(runtime_of(plan, s) is fake for s in servers)
+    assert all(runtime_of(plan, s) is RUNTIMES["netns"] for s in switches)
     # grouped as bring-up makes them: the table's order, netns (the switches) first
     assert by_runtime(plan, topology.nodes) == [(RUNTIMES["netns"], switches), (fake, servers)]
 
@@ -85,12 +85,12 @@ def test_a_labs_exec_goes_through_its_servers_runtime(fake, tmp_path, monkeypatc
 def test_an_unknown_runtime_is_one_line():
     plan = LabPlan("rt", make_topology("star", servers=2), "nosuch", SUBNET)
     with pytest.raises(EmulationError) as caught:
-        plan.runtime_of(plan.topology.servers[0].name)
+        runtime_of(plan, plan.topology.servers[0].name)
     assert "\n" not in str(caught.value) and str(caught.value).startswith("no server runtime 'nosuch': one of netns")
 
 
 def test_no_module_branches_on_in_container():
-    # the runtime object answers (plan.runtime_of); a docker-vs-netns branch is what it replaced
+    # the runtime object answers (runtimes.runtime_of); a docker-vs-netns branch is what it replaced
     calls = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
              for path in sorted(PACKAGE.rglob("*.py"))
              for node in ast.walk(ast.parse(path.read_text(), str(path)))

@@ -1,0 +1,76 @@
+"""A user's topology kind (examples/ringnet.py, copied into the test's own directory) brought
+up by `testbed up --plugin` in namespaces: later commands in other processes find the kind
+again from the lab's state, every pair of servers reaches the other, and a mesh on it runs
+within [0.90, 1.10] of the cost model's prediction for that kind. Lab: ex-ringnet."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import plugins
+from orchestrator.emulation import cleanup
+from orchestrator.topology import KINDS
+from tests.netns.probes import unreachable_pairs
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = [sys.executable, "-m", "orchestrator.cli"]
+TENSORS = [1 << 19]  # 2 MiB
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_STATE", str(tmp_path / "state"))
+    copy = tmp_path / "ringnet.py"
+    shutil.copy(ROOT / "examples" / "ringnet.py", copy)
+    copy.chmod(0o644)
+    yield copy
+    cleanup.clean_lab("ex-ringnet")
+    from orchestrator.spec import unregister_topology
+
+    if "ringnet" in KINDS:
+        unregister_topology("ringnet")
+    plugins._files.pop(copy.resolve(), None)
+
+
+def test_a_plugin_topology_goes_up_is_found_again_and_runs_at_its_prediction(plugin, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+    def testbed(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(TESTBED + list(args), capture_output=True, text=True, env=env, timeout=600)
+
+    assert "ringnet" not in KINDS
+    lab_file = tmp_path / "ringnet.yaml"
+    lab_file.write_text("name: ex-ringnet\ntopology: {kind: ringnet, routers: 4, servers_per_router: 2}\n"
+                        "links: {bandwidth: 100Mbit}\nservers: {runtime: netns}\n")
+    up = testbed("up", str(lab_file), "--plugin", str(plugin))
+    assert up.returncode == 0, up.stderr[-2000:]
+    status = testbed("status", "ex-ringnet", "--json")  # no --plugin: the lab remembers its file
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert len(json.loads(status.stdout)["links"]) == 12
+
+    from orchestrator.deploy import lab_agents
+    from orchestrator.emulation import Lab
+    from orchestrator.runner import workloads
+
+    lab = Lab.attach("ex-ringnet")  # this process loads the kind from the recorded plugin too
+    assert KINDS["ringnet"].origin == str(plugin.resolve())
+    assert unreachable_pairs(lab) == []
+    assert lab.topology.path("h0_0", "h3_1") == ["h0_0", "r0", "r3", "h3_1"]
+    agents = lab_agents.start(lab, via="exec")
+    result = agents.run("mesh", TENSORS, workloads.back_to_back(TENSORS), iterations=6)
+    assert all(r["verified"] for r in result.records() if r["iteration"] == 0)
+    seconds = statistics.mean(result.back_to_back_times())
+    print(f"mesh on ringnet,4,2 at 100 Mbit: {seconds:.3f} s per allreduce, predicted {result.predicted.per_run:.3f} s")
+    assert 0.90 <= seconds / result.predicted.per_run <= 1.10
+    lab_agents.stop(agents)
+
+    down = testbed("down", "ex-ringnet")
+    assert down.returncode == 0, down.stderr[-2000:]
