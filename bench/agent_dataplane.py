@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
-from orchestrator.runner import driver, workloads  # noqa: E402
+from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 from tests.netns.probes import iperf3_mbit  # noqa: E402
 

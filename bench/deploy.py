@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.deploy import deploy, undeploy  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
-from orchestrator.runner import driver  # noqa: E402
+from orchestrator.control import driver  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 GOALS = {"first": 30.0, "rerun": 15.0}

@@ -41,7 +41,7 @@ from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.faults import Injector  # noqa: E402
 from orchestrator.monitoring.exporter import host_cpu  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
-from orchestrator.runner import driver, workloads  # noqa: E402
+from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 BML_GOAL = 0.15

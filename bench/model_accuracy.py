@@ -39,7 +39,7 @@ from orchestrator.cost import Network  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.experiment.results import sync_times  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
-from orchestrator.runner import driver, workloads  # noqa: E402
+from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 BAND = (0.90, 1.10)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
-from orchestrator.runner import workloads  # noqa: E402
+from orchestrator.control import workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 BAND = (0.90, 1.10)

@@ -19,7 +19,7 @@ what they learn (that the agent is up, the names in testbed.proto) is public. SI
 a supervisor sends) turns every status NOT_SERVING, then stops the agent.
 
 The orchestrator configures a run (this rank's plan, its peers' addresses, the workload),
-starts it, polls status and collects per-iteration records; see orchestrator/runner.
+starts it, polls status and collects per-iteration records; see orchestrator/control.
 """
 
 from __future__ import annotations

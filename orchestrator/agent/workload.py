@@ -1,6 +1,6 @@
 """What a worker computes each iteration: an emulated gradient, or a real model's.
 
-Workload JSON (built by orchestrator.runner.workloads):
+Workload JSON (built by orchestrator.control.workloads):
 
     {"kind": "emulated", "tensors": [elements, …], "compute_seconds": 0.05}
     {"kind": "back-to-back", "tensors": [elements, …]}     # NCCL-tests' timed loop
@@ -84,7 +84,7 @@ def checksum(buffer: np.ndarray) -> int:
     """A checksum linear in the buffer's integer values: the checksum of a sum is the sum of
     the checksums, exactly (values below 2^24 in magnitude, weights below 2^20, 4096
     positions: under 2^56, no overflow), so an aggregate's says how many times each
-    contribution went in (runner/checker.py). Microseconds, whatever the buffer's size."""
+    contribution went in (control/checker.py). Microseconds, whatever the buffer's size."""
     if not len(buffer):
         return 0
     positions, weights = _checksum_layout(len(buffer))

@@ -1,7 +1,7 @@
 """One compiled run: the schedules a run's agents execute, the server of every rank, the
 agents' message size and the cost model's prediction for exactly these, built in one place
 for `testbed predict` (cost/report.py), `testbed run --dry-run` and the experiment's plan
-(experiment/plan.py) and the run driver (runner/driver.py), with one rule for ranks
+(experiment/plan.py) and the run driver (control/driver.py), with one rule for ranks
 (collectives.schedule.check_ranks).
 
     compiled = compile_run("hips", ctx, elements, parts, nodes=layout, chunk_bytes=chunk_of)

@@ -19,7 +19,7 @@ from orchestrator.deploy.agents import endpoints, record_deployed
 from orchestrator.deploy.answering import refuse_unanswering
 from orchestrator.deploy.playbook import FORKS, PlaybookResult, Progress
 from orchestrator.errors import BadUsage, DeployError, RunError
-from orchestrator.runner.endpoints import Endpoint, wait_healthy
+from orchestrator.control.endpoints import Endpoint, wait_healthy
 
 VIA = ("nsenter", "ssh", "exec")
 

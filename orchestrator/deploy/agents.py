@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.emulation.journal import write_atomically
-from orchestrator.runner.endpoints import Endpoint
+from orchestrator.control.endpoints import Endpoint
 from orchestrator.topology import Topology, kinds
 from orchestrator.topology.describe import diameter
 

@@ -11,7 +11,7 @@ import sys
 from orchestrator.agent.auth import TOKEN_ENV
 from orchestrator.deploy.agents import DATA_PORT, METRICS_PORT, endpoints, flow_window
 from orchestrator.emulation.journal import Entry
-from orchestrator.runner.endpoints import shutdown
+from orchestrator.control.endpoints import shutdown
 
 
 class DirectDeployer:

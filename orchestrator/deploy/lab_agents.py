@@ -31,7 +31,7 @@ from orchestrator.deploy.agents import (
     nic_addresses,
 )
 from orchestrator.collectives.context import Context
-from orchestrator.runner.driver import Endpoint, RunResult, shutdown
+from orchestrator.control.driver import Endpoint, RunResult, shutdown
 
 __all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
            "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "stop"]
@@ -55,7 +55,7 @@ class LabAgents(list):
         down. `faithful=False` runs unpaced and unpredicted. `more`: driver.run's other
         arguments (partition_bytes, credit_bytes, timeout, survive, trace, …)."""
         from orchestrator.cost import Network
-        from orchestrator.runner import driver, workloads
+        from orchestrator.control import driver, workloads
 
         workers = [e for e in self if e.role == "worker"]
         ranked = sorted(self, key=lambda e: e.rank)

@@ -102,7 +102,7 @@ def measure(transports: list[str], progress: Callable[[str], None] = lambda _: N
     """Bring up the calibration lab, measure, take it down."""
     from orchestrator.emulation import Lab
     from orchestrator.deploy import lab_agents
-    from orchestrator.runner import driver, workloads
+    from orchestrator.control import driver, workloads
     from orchestrator.spec import lab_from_argument
 
     spec = lab_from_argument(LAB, name="calibrate", **{"servers.runtime": "netns", "links.bandwidth": RATE})
@@ -235,7 +235,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     from orchestrator.experiment.results import sync_times
     from orchestrator.deploy import lab_agents
 
-    from orchestrator.runner import driver, workloads
+    from orchestrator.control import driver, workloads
 
     if len(endpoints) < 2:
         raise ValueError("α needs at least two servers to send between")

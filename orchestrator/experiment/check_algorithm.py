@@ -116,8 +116,8 @@ def _loopback(verdict: Verdict, options: dict, generic: bool, labs: dict) -> Non
     """The algorithm over real agent processes on 127.0.0.1: schedules compiled to plans,
     streamed over the default transport, each worker's result checked by the agent."""
     from orchestrator.collectives.partition import partitions
-    from orchestrator.runner import driver, workloads
-    from orchestrator.runner.local import local_agents
+    from orchestrator.control import driver, workloads
+    from orchestrator.control.local import local_agents
 
     contexts = [(Context(n, options=options), "") for n in (4, 3, 5, 2)] if generic else [
         (Context(len(t.servers), t, tuple(s.name for s in t.servers), options), f" standing in for {label}")

@@ -13,7 +13,7 @@ import threading
 import time
 
 from orchestrator.faults import Injector
-from orchestrator.runner.endpoints import Endpoint
+from orchestrator.control.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_pla
 from orchestrator.deploy import lab_agents
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
-from orchestrator.runner import checker, driver
+from orchestrator.control import checker, driver
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from orchestrator.runner import workloads as runner_workloads
+from orchestrator.control import workloads as runner_workloads
 
 ITEMSIZE = 4  # float32 / fixed-point int32 elements
 

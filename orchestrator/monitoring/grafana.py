@@ -21,7 +21,7 @@ from orchestrator.errors import MonitorError
 from orchestrator.monitoring import processes
 from orchestrator.monitoring.dashboards import export
 from orchestrator.emulation.journal import write_atomically
-from orchestrator.runner.local import free_ports
+from orchestrator.control.local import free_ports
 
 PROCESS = "grafana"
 READY_TIMEOUT = 60.0  # its first start migrates a new database

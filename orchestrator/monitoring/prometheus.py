@@ -25,7 +25,7 @@ from orchestrator.monitoring import processes
 from orchestrator.monitoring.grafana import Grafana, grafana_status, start_grafana, stop_grafana
 from orchestrator.emulation.journal import write_atomically
 from orchestrator.monitoring.targets import JOB, write_targets
-from orchestrator.runner.local import free_ports
+from orchestrator.control.local import free_ports
 
 SCRAPE_INTERVAL = "1s"
 READY_TIMEOUT = 30.0

@@ -10,8 +10,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from orchestrator.runner import driver
-from orchestrator.runner.local import free_ports
+from orchestrator.control import driver
+from orchestrator.control.local import free_ports
 
 
 def _check(channel: grpc.Channel, timeout: float) -> grpc.StatusCode:

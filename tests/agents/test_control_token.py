@@ -17,8 +17,8 @@ from orchestrator.agent import auth
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import driver
-from orchestrator.runner.local import free_ports, local_agents
+from orchestrator.control import driver
+from orchestrator.control.local import free_ports, local_agents
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchestrator.agent import transports
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator.runner import driver, workloads
-from orchestrator.runner.driver import control_channel
-from orchestrator.runner.local import local_agents
+from orchestrator.control import driver, workloads
+from orchestrator.control.driver import control_channel
+from orchestrator.control.local import local_agents
 
 ANSWER_WITHIN = 1.0  # seconds: the bound
 ELEMENTS = 16 * 2**20  # 64 MiB per agent

@@ -13,9 +13,9 @@ import time
 
 
 from orchestrator.agent.proto import testbed_pb2 as pb
-from orchestrator.runner import driver, workloads
-from orchestrator.runner.stalls import RankView, _dead_edges, stall_message
-from orchestrator.runner.local import local_agents
+from orchestrator.control import driver, workloads
+from orchestrator.control.stalls import RankView, _dead_edges, stall_message
+from orchestrator.control.local import local_agents
 
 NODES = ["h0", "h1", "h2", "h3"]
 

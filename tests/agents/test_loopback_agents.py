@@ -11,8 +11,8 @@ from orchestrator import topology
 from orchestrator.agent import transports
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
-from orchestrator.runner import driver, workloads
-from orchestrator.runner.local import local_agents
+from orchestrator.control import driver, workloads
+from orchestrator.control.local import local_agents
 from orchestrator.spec.lab import BCubeSpec, BiGraphSpec
 
 TENSORS = workloads.model_tensors("alexnet", 0.002)  # 16 tensors, ~120 k elements

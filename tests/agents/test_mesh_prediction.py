@@ -8,8 +8,8 @@ import pytest
 from orchestrator import topology
 from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
-from orchestrator.runner import driver, workloads
-from orchestrator.runner.local import local_agents
+from orchestrator.control import driver, workloads
+from orchestrator.control.local import local_agents
 from orchestrator.spec.lab import StarSpec
 
 TENSORS = [250_000, 12_345, 7]  # ~1 MiB, three tensors

@@ -12,8 +12,8 @@ from orchestrator import topology
 from orchestrator.collectives.context import Context
 from orchestrator.agent.pacing import SLACK
 from orchestrator.cost import Network
-from orchestrator.runner import driver, workloads
-from orchestrator.runner.local import local_agents
+from orchestrator.control import driver, workloads
+from orchestrator.control.local import local_agents
 from orchestrator.spec.lab import StarSpec
 
 ELEMENTS = 750_000  # 3 MB: each rank sends 0.75 MB to each of 3 peers per mesh step

@@ -21,8 +21,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from orchestrator.agent import auth
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator.runner import driver
-from orchestrator.runner.local import free_ports
+from orchestrator.control import driver
+from orchestrator.control.local import free_ports
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 

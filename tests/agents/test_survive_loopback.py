@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from orchestrator.runner import checker, driver, workloads
-from orchestrator.runner.local import local_agents
+from orchestrator.control import checker, driver, workloads
+from orchestrator.control.local import local_agents
 
 STALL = 4.0
 ITERATIONS = 14

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.collectives.context import Context
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 from tests.netns.probes import tx_bytes
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"

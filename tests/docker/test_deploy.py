@@ -24,7 +24,7 @@ from orchestrator.emulation import docker_engine
 from orchestrator.errors import DeployError
 from orchestrator.deploy import lab_agents
 
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 
 AGENT_HOME = "/etc/testbed/agent"
 SERVICES = ("", "testbed.Control", "testbed.Data")

@@ -25,7 +25,7 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.emulation import isolation, kernel, nft
 from orchestrator.deploy import lab_agents
 
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 
 ATTACKER, TARGET, RELAY = "h00", "h01", "h10"  # bcube,2,1: h01 is h00's level-0 peer, h10 its level-1 peer
 PROBE = """

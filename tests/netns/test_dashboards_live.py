@@ -22,7 +22,7 @@ import pytest
 from orchestrator.faults.injector import Injector
 from orchestrator.monitoring import dashboards, monitor_down, monitor_up
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 from tests.unit.test_dashboards import every_dashboard, panels
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.collectives.context import Context
 from orchestrator.deploy import deploy, supervision, undeploy
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 from tests.netns.probes import command_lines
 
 

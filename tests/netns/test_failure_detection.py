@@ -15,7 +15,7 @@ from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
 from orchestrator.deploy import lab_agents
 
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 
 STALL = 5.0
 MARGIN = 20.0  # generous: two busy cores, the driver's Stop calls, the thread's join

@@ -13,7 +13,7 @@ from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
 from orchestrator.deploy import lab_agents
 
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 
 ELEMENTS = 250_000  # 1 MB
 PORT = transports.data_port(transports.DEFAULT, lab_agents.DATA_PORT)  # where the run's data connections go

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import workloads
+from orchestrator.control import workloads
 from tests.netns.probes import unreachable_pairs
 
 CLOS = Path(__file__).resolve().parents[2] / "topologies" / "clos-2tier.yaml"

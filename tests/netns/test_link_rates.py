@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.deploy import lab_agents
 from orchestrator.faults import Injector
-from orchestrator.runner import workloads
+from orchestrator.control import workloads
 
 TENSORS = [1 << 19]  # 2 MiB
 

@@ -18,7 +18,7 @@ from orchestrator.deploy import undeploy
 from orchestrator.emulation import cleanup
 from orchestrator.monitoring import monitor_down, monitor_status, monitor_up
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 from tests.netns.probes import command_lines
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import workloads
+from orchestrator.control import workloads
 
 TENSORS = workloads.model_tensors("resnet50", scale=0.122)  # 12.5 MB in 161 tensors
 

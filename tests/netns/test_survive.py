@@ -18,7 +18,7 @@ from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
 from orchestrator.deploy import lab_agents
 
-from orchestrator.runner import checker, driver, workloads
+from orchestrator.control import checker, driver, workloads
 
 STALL = 5.0
 TENSORS = [500_000]

@@ -32,8 +32,8 @@ from orchestrator.deploy import deploy
 from orchestrator.deploy.agents import endpoints
 from orchestrator.emulation import cleanup
 from orchestrator.faults import Injector
-from orchestrator.runner import driver
-from orchestrator.runner.stalls import RankView, Stall, _dead_edges
+from orchestrator.control import driver
+from orchestrator.control.stalls import RankView, Stall, _dead_edges
 from tests.netns import test_survive as survive
 from tests.netns.test_survive import Job, agents, clean, make_lab
 

@@ -58,7 +58,7 @@ def test_a_plugin_topology_goes_up_is_found_again_and_runs_at_its_prediction(plu
 
     from orchestrator.deploy import lab_agents
     from orchestrator.emulation import Lab
-    from orchestrator.runner import workloads
+    from orchestrator.control import workloads
 
     lab = Lab.attach("ex-ringnet")  # this process loads the kind from the recorded plugin too
     assert KINDS["ringnet"].origin == str(plugin.resolve())

@@ -19,7 +19,7 @@ from orchestrator.deploy import deploy
 from orchestrator.deploy.agents import DATA_PORT
 from orchestrator.emulation import Lab, cleanup
 from orchestrator.deploy import lab_agents
-from orchestrator.runner import driver, workloads
+from orchestrator.control import driver, workloads
 from orchestrator.spec import lab_from_argument
 
 TENSORS = workloads.model_tensors("alexnet", 0.002)  # 16 tensors, ~120 k elements

@@ -110,7 +110,7 @@ def test_check_sum_accepts_the_exact_sum_and_rejects_anything_else():
 
 
 def test_digits_fixed_point_sum_is_exact_and_order_free():
-    from orchestrator.runner.workloads import digits
+    from orchestrator.control.workloads import digits
 
     workers = 4
     models = [DigitsMLP(digits(workers, r), workers) for r in range(workers)]
@@ -292,7 +292,7 @@ def test_a_refusal_at_the_end_of_a_stream_fails_the_allreduce_naming_the_peer():
 
 
 def test_gst_is_the_slowest_agents_time_per_iteration():
-    from orchestrator.runner.driver import RunResult
+    from orchestrator.control.driver import RunResult
 
     def agent(rank, *iterations):
         records = [pb.IterationRecord(iteration=i, start_time=start, gst_seconds=gst) for i, (start, gst) in enumerate(iterations)]
@@ -304,7 +304,7 @@ def test_gst_is_the_slowest_agents_time_per_iteration():
 
 
 def test_back_to_back_time_is_each_agents_loop_after_the_warm_up_over_its_operations():
-    from orchestrator.runner.driver import RunResult
+    from orchestrator.control.driver import RunResult
 
     def agent(rank, *iterations):
         records = [pb.IterationRecord(iteration=i, start_time=start, gst_seconds=gst) for i, (start, gst) in enumerate(iterations)]

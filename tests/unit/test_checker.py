@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.agent import workload
-from orchestrator.runner.checker import Observation, check, emulated_fallback
+from orchestrator.control.checker import Observation, check, emulated_fallback
 
 SIZE = 5000
 

@@ -1,6 +1,6 @@
 """DESIGN.md's import rules, read from the source (every import, module level or inside a
 function): the pure layers touch nothing of the system, deploy imports the control layer
-(runner/) and never the reverse, nothing imports experiment or cli, the agent imports nothing
+(control/) and never the reverse, nothing imports experiment or cli, the agent imports nothing
 outside itself. Fails naming the module, the line and the rule it breaks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
-SYSTEM = {"emulation", "deploy", "runner", "agent", "faults", "monitoring", "experiment", "cli", "doctor", "plugins",
+SYSTEM = {"emulation", "deploy", "control", "agent", "faults", "monitoring", "experiment", "cli", "doctor", "plugins",
           "files"}
 
 # (the importing package, the packages it must not import, why)
@@ -19,9 +19,9 @@ RULES = [
     ("collectives", SYSTEM | {"cost", "spec"}, "collectives is pure: schedules from ranks and topology facts"),
     ("cost", SYSTEM | {"spec"}, "cost is pure: schedules × routes × capacities"),
     ("topology", SYSTEM | {"collectives", "cost"}, "topology is pure"),
-    ("runner", {"deploy", "experiment", "cli"}, "deploy imports the control layer (runner/), never the reverse"),
+    ("control", {"deploy", "experiment", "cli"}, "deploy imports the control layer (control/), never the reverse"),
     ("deploy", {"experiment", "cli", "faults", "monitoring"}, "deploy puts agents on servers and knows no experiment"),
-    ("emulation", {"deploy", "runner", "experiment", "cli", "faults", "monitoring", "collectives", "cost"},
+    ("emulation", {"deploy", "control", "experiment", "cli", "faults", "monitoring", "collectives", "cost"},
      "emulation makes a topology live and knows nothing above it"),
     ("faults", {"experiment", "cli", "deploy"}, "faults call the Lab API"),
     ("monitoring", {"experiment", "cli"}, "nothing imports experiment or cli"),

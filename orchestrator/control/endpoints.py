@@ -1,5 +1,5 @@
 """Where the agents are and how to reach their Control: endpoints, token-carrying channels,
-health, shutdown. The control layer's own (runner/); deploy imports it, never the reverse,
+health, shutdown. The control layer's own (control/); deploy imports it, never the reverse,
 and the run driver builds on it."""
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from orchestrator.collectives.schedule import RankMismatch
 from orchestrator.cost.compiled import CompiledRun, compile_run
 from orchestrator.cost.routes import Routes
 from orchestrator.errors import RunError, TestbedError  # noqa: F401  RunError re-exported
-# the Control client (runner/endpoints.py), re-exported: driver.Endpoint, driver.wait_healthy, …
-from orchestrator.runner.endpoints import (CONTROL_OPTIONS, CONTROL_SERVICE, Endpoint, control_channel,  # noqa: F401
+# the Control client (control/endpoints.py), re-exported: driver.Endpoint, driver.wait_healthy, …
+from orchestrator.control.endpoints import (CONTROL_OPTIONS, CONTROL_SERVICE, Endpoint, control_channel,  # noqa: F401
                                            control_stubs, refused, shutdown, wait_healthy)
-from orchestrator.runner.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
+from orchestrator.control.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
 
 log = logging.getLogger("testbed.driver")
 
@@ -157,7 +157,7 @@ def run(
     that failed, redone from the parameters the survivors hold; `rejoin(dead nodes)`, polled
     meanwhile, returns endpoints of dead servers whose agents are back (each once), which join at the
     next iteration boundary with the current parameters. The result's `history` says who
-    contributed when; runner/checker.py checks it. A server whose agent answers but that no
+    contributed when; control/checker.py checks it. A server whose agent answers but that no
     data reaches or leaves (a partition, its only path down) is dropped too, once
     `RETRIES` retries over fresh connections all named it and only it (`_Survivor._cut_off`).
     Fails (RunError) when nobody died and no one server is cut off (a cut path, a bug:

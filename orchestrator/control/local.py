@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from orchestrator.agent.auth import TOKEN_ENV
-from orchestrator.runner.endpoints import Endpoint, shutdown, wait_healthy
+from orchestrator.control.endpoints import Endpoint, shutdown, wait_healthy
 
 
 def free_ports(count: int) -> list[int]:
