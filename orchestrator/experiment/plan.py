@@ -5,6 +5,7 @@ cannot run before it builds anything."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -17,7 +18,7 @@ from orchestrator.collectives.schedule import RankMismatch
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import check_gradient_bytes, partitions
 from orchestrator.cost import Network, Prediction
-from orchestrator.cost.compiled import compile_run
+from orchestrator.cost.compiled import CompiledRun, compile_run
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.experiment import workloads
 from orchestrator.faults.timeline import plan as plan_faults
@@ -145,14 +146,10 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         field = "sweep.partitionings" if spec.sweep.partitionings else "partitioning"
         raise SpecError(f"{source}: {field}.{exc} (run {point.id})") from None
     try:
-        transport = spec.agents.transport
-        compiled = compile_run(point.algorithm.name, context(point, ranks), sum(tensors), parts, nodes=ranks.nodes,
-                               given=range(len(ranks.nodes)), credit_bytes=partitioning.credit_bytes,
-                               chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer)
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
                                      cores=latency.cores if latency else None)
-        prediction = compiled.predicted(network, topology_of(point.lab), compute_s=getattr(point.workload, "compute", 0.0),
-                                        attribute=True).prediction
+        prediction = _compiled(spec, point, ranks, tensors, parts).predicted(
+            network, topology_of(point.lab), compute_s=getattr(point.workload, "compute", 0.0), attribute=True).prediction
     except RankMismatch as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"it needs {exc.ranks} agents (workers and parameter servers), the lab gives {exc.given}: "
@@ -170,6 +167,24 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
     return PlannedPoint(point, ranks, tensors, prediction, faults)
+
+
+def _compiled(spec: ExperimentSpec, point: RunPoint, ranks: Layout, tensors: list[int], parts) -> CompiledRun:
+    transport = spec.agents.transport
+    return compile_run(point.algorithm.name, context(point, ranks), sum(tensors), parts, nodes=ranks.nodes,
+                       given=range(len(ranks.nodes)), credit_bytes=point.partitioning.credit_bytes,
+                       chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer)
+
+
+def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[tuple[str, str], float]) -> Prediction:
+    """The point's prediction (same schedules, α and cores) with some link directions at other
+    rates, bit/s: what the model expects of the iterations a `link-degrade` holds."""
+    topology = copy.copy(topology_of(planned.point.lab))  # the cached one stays as it is
+    topology.rates = {**topology.rates, **rates}
+    parts = partitions(planned.tensors, planned.point.partitioning.partition_bytes)
+    compiled = _compiled(spec, planned.point, planned.layout, planned.tensors, parts)
+    return compiled.predicted(planned.prediction.network, topology,
+                              compute_s=getattr(planned.point.workload, "compute", 0.0)).prediction
 
 
 def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None) -> Plan:

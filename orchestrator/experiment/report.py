@@ -198,6 +198,14 @@ def write_summary(results: dict, path: Path) -> Path:
                   "not explain the figure (measured / predicted outside [0.90, 1.10]):", ""]
         lines += [f"- {p['id']} ({p['fidelity'].get('verdict', '–')}): " + "; ".join(p["fidelity"]["reasons"])
                   for p in degraded]
+    held = [(p["id"], u) for p in results["points"] for u in p.get("under_faults") or []]
+    if held:
+        lines += ["", "## Under faults", "", "Each link-degrade with a rate beside the model's prediction for the same "
+                  "schedules with that link at that rate, over the iterations it held from start to end:", "",
+                  "| point | fault | iterations | sync s | predicted s | ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {pid} | {u['action']} {u['target']} to {u['rate']} | {_iterations(u['iterations'])} | "
+                  f"{_seconds(u.get('measured_s'))} | {_seconds(u.get('predicted_s'))} | "
+                  f"{'–' if u.get('ratio') is None else format(u['ratio'], '.3f')} |" for pid, u in held]
     checked = [p for p in results["points"] if (p.get("checker") or {}).get("clean") is not None]
     if checked:
         lines += ["", "## History checker", "", "Every survivor holds the same parameters after each iteration, and "
@@ -217,6 +225,13 @@ def write_summary(results: dict, path: Path) -> Path:
     lines += ["", f"![GST per algorithm]({plots.GST_PNG})", "", f"![GST per iteration]({plots.ITERATIONS_PNG})", "",
               f"![Link utilisation by tier]({plots.LINKS_PNG})", ""]
     return write_inside(path.parent, path.name, "\n".join(lines))
+
+
+def _iterations(iterations: list[int]) -> str:
+    if not iterations:
+        return "none whole"
+    return f"{iterations[0]}–{iterations[-1]}" if iterations == list(range(iterations[0], iterations[-1] + 1)) \
+        else ", ".join(map(str, iterations))
 
 
 def _monitoring_lines(results: dict) -> list[str]:

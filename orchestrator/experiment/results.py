@@ -246,6 +246,16 @@ class _FaultEvent(_Model):
     error: Optional[str] = None
 
 
+class _UnderFault(_Model):
+    action: str
+    target: str
+    rate: str
+    iterations: list[int] = []
+    measured_s: Number = None
+    predicted_s: Number = None
+    ratio: Number = None
+
+
 class _Fidelity(_Model):
     verdict: str = "–"
     reasons: list[str] = []
@@ -289,6 +299,7 @@ class _Point(_Model):
     busbw_bytes_per_s: Number = None
     bytes_per_link: Optional[_Moved] = None
     fault_events: list[_FaultEvent] = []
+    under_faults: list[_UnderFault] = []
     fidelity: Optional[_Fidelity] = None
     checker: Optional[_Checker] = None
     records: list[_Record] = []
@@ -495,6 +506,17 @@ def faulted_iterations(records: list[dict], events: list[dict], history: Sequenc
     touched = {i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults)}
     touched |= {i for epoch in history[1:] for i in range(epoch["first"], epoch["first"] + settle) if i in spans}
     return sorted(touched)
+
+
+def iterations_within(records: list[dict], begin: float, end: float) -> list[int]:
+    """Iterations whose compute and synchronisation lay wholly within [begin, end] (Unix
+    times): what a fault in effect over that span set alone."""
+    spans: dict[int, tuple[float, float]] = {}
+    for r in records:
+        low, high = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
+        first, last = spans.get(r["iteration"], (low, high))
+        spans[r["iteration"]] = (min(first, low), max(last, high))
+    return sorted(i for i, (low, high) in spans.items() if begin <= low and high <= end)
 
 
 def _predicted_at(iteration: int, history: list[dict], predicted: float | None) -> float | None:

@@ -24,10 +24,12 @@ import grpc
 
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
+from orchestrator import units
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
 from orchestrator.experiment import calibrate, snapshot, verdict, workloads
-from orchestrator.experiment.plan import Plan, PlannedPoint, context, latency_of, predict_point, topology_of
+from orchestrator.experiment.plan import (Plan, PlannedPoint, context, latency_of, predict_point, predict_with_rates,
+                                         topology_of)
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
@@ -289,8 +291,31 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         if point.workload.kind == "back-to-back" and spec.iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
+        entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup)
     entry["fidelity"] = _judge(entry, before, after, float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)
+
+
+def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events: list[dict], warmup: int) -> list[dict]:
+    """Each `link-degrade` with a rate beside what the model predicts of the iterations it
+    held from start to end (after the warm-up): the same schedules with that link's rate."""
+    options = {(f.event, f.action, f.target): f.options for f in planned.faults}
+    sync = results_lib.sync_times(records)
+    out = []
+    for event in events:
+        rate = options.get((event["event"], event["action"], event["target"]), {}).get("rate")
+        if event["action"] != "link-degrade" or rate is None or event.get("applied") is None or event.get("error"):
+            continue
+        held = [i for i in results_lib.iterations_within(records, event["applied"], event.get("undone") or float("inf"))
+                if warmup <= i < len(sync)]
+        a, b = event["target"].split("-")
+        bits = float(units.parse_rate(rate))
+        predicted = predict_with_rates(plan.spec, planned, {(a, b): bits, (b, a): bits}).per_run if held else None
+        measured = sum(sync[i] for i in held) / len(held) if held else None
+        out.append({"action": event["action"], "target": event["target"], "rate": rate, "iterations": held,
+                    "measured_s": measured, "predicted_s": predicted,
+                    "ratio": measured / predicted if measured is not None and predicted else None})
+    return out
 
 
 def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: dict, warmup: int, workers: int) -> None:

@@ -106,6 +106,16 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         [event] = point["fault_events"]
         assert event["action"] == "link-degrade" and event["target"] == "h0-sw" and event["error"] is None
         assert event["applied"] is not None and event["undone"] >= event["applied"]
+        # the iterations the degrade held whole, beside the model's figure with h0-sw at 50 Mbit
+        [held] = point["under_faults"]
+        assert (held["target"], held["rate"]) == ("h0-sw", "50Mbit") and held["iterations"], held
+        assert set(held["iterations"]) <= set(point["faulted_iterations"])
+        assert held["measured_s"] == pytest.approx(
+            sum(sync["per_iteration"][i] for i in held["iterations"]) / len(held["iterations"]))
+        assert held["predicted_s"] > 1.5 * predicted  # the ring's and the mesh's bottleneck: h0's link, halved
+        print(f"{point['algorithm']} under link-degrade h0-sw 50Mbit: iterations {held['iterations']}, "
+              f"{held['measured_s']:.3f} s measured, {held['predicted_s']:.3f} s predicted ({held['ratio']:.3f})")
+        assert 0.85 <= held["ratio"] <= 1.15
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["id"] for r in rows] == [p["id"] for p in results["points"]]
@@ -134,7 +144,7 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         meta = json.loads((block / "meta.json").read_text())
         assert meta["stats"]["numSeries"] > 0 and (block / "index").is_file()
     summary = (out / "summary.md").read_text()
-    assert "status: **complete**" in summary and "link-degrade" in summary
+    assert "status: **complete**" in summary and "link-degrade" in summary and "## Under faults" in summary
     for point in results["points"]:
         assert f"| {point['id']} | {point['algorithm']} |" in summary
 

@@ -255,3 +255,37 @@ def test_the_ratio_counts_the_time_per_synchronisation_not_an_agent_waiting_for_
     measured = measured_point({"size_bytes": 100, "predicted": {"seconds": 1.0}}, records, gst, 0, 2)
     assert measured["sync_s"]["per_iteration"] == pytest.approx([1.0, 1.0, 1.0, 1.0])
     assert measured["ratio"] == pytest.approx(1.0) and measured["gst_s"]["mean"] == pytest.approx(1.25)
+
+
+def test_a_link_degrade_is_predicted_with_its_rate_over_the_iterations_it_held(tmp_path):
+    """The smoke experiment's ring with h0-sw at 50 Mbit: the model's figure for the iterations
+    the degrade held, from the same schedules; the plan's own topology stays as it was."""
+    from orchestrator.experiment.plan import predict_with_rates, topology_of
+    from orchestrator.experiment.results import iterations_within
+
+    plan = make_plan(load_experiment(ROOT / "experiments" / "smoke.yaml"))
+    ring = next(p for p in plan.points if p.point.algorithm.name == "ring")
+    slow = predict_with_rates(plan.spec, ring, {("h0", "sw"): 50e6, ("sw", "h0"): 50e6})
+    # a ring moves the same bytes over every server's link: the halved one sets its pace
+    assert slow.per_run == pytest.approx(2 * ring.prediction.per_run, rel=0.05)
+    assert {load.link for load in slow.bottlenecks()} == {"h0→sw", "sw→h0"}
+    assert topology_of(ring.point.lab).rates == {}
+    again = predict_with_rates(plan.spec, ring, {})
+    assert again.per_run == pytest.approx(ring.prediction.per_run)
+
+    records = [{"iteration": i, "start_time": 10.0 + i, "compute_s": 0.1, "gst_s": 0.8} for i in range(5)]
+    # iteration i spans [9.9 + i, 10.8 + i]: a fault over [11.5, 14.0] held 2 and 3 whole
+    assert iterations_within(records, 11.5, 14.0) == [2, 3]
+    assert iterations_within(records, 11.5, float("inf")) == [2, 3, 4]
+    assert iterations_within(records, 12.0, 12.5) == []
+
+
+def test_the_summary_sets_a_degraded_links_iterations_beside_their_prediction(tmp_path):
+    held = point(0, "ring", 0.5, 0.25)
+    held["under_faults"] = [{"action": "link-degrade", "target": "h0-s0", "rate": "50Mbit", "iterations": [2, 3, 4],
+                             "measured_s": 0.51, "predicted_s": 0.5, "ratio": 1.02}]
+    directory = write(tmp_path / "run", results([held, point(1, "mesh", 0.4, 0.4)]))
+    report.render(directory)
+    summary = (directory / "summary.md").read_text()
+    assert "## Under faults" in summary
+    assert "| 000-bcube-2-1-100mbit-1mib-ring | link-degrade h0-s0 to 50Mbit | 2–4 | 0.51 | 0.5 | 1.020 |" in summary

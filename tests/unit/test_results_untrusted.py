@@ -156,6 +156,9 @@ SHAPES = {
     "a predicted part of text": (_set(("points", 0, "predicted", "parts"), {"latency": "most"}),
                                  "points.0.predicted.parts.latency: input should be a valid number"),
     "α of text": (_set(("points", 0, "predicted", "latency_s"), "1ms"), "points.0.predicted.latency_s: "),
+    "a degraded iteration of text": (_set(("points", 0, "under_faults"), [
+        {"action": "link-degrade", "target": "h0-s0", "rate": "10Mbit", "iterations": ["three"]}]),
+        "points.0.under_faults.0.iterations.0: input should be a valid integer"),
 }
 
 
