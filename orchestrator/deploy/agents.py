@@ -37,8 +37,10 @@ def flow_window(spec, topology: Topology) -> int:
     the diameter, both ways. Queueing delay is left out on purpose (a window sized to a full
     queue only fills the queue)."""
     links, _ = diameter(topology)
-    rtt = 2 * links * (spec.links.delay + spec.links.jitter)
-    return min(2**30, max(MIN_WINDOW, int(2 * spec.links.bandwidth / 8 * rtt)))  # gRPC takes an int32
+    delay = max([spec.links.delay, *topology.delays.values()])  # a link's own delay may be the longest
+    rtt = 2 * links * (delay + spec.links.jitter)
+    rate = max([spec.links.bandwidth, *topology.rates.values()])
+    return min(2**30, max(MIN_WINDOW, int(2 * rate / 8 * rtt)))  # gRPC takes an int32
 
 
 def nic_addresses(topology: Topology, server: str) -> dict[int, str]:

@@ -121,12 +121,12 @@ def require(spec) -> None:
     for basic in ("veth", "bridge", "htb"):
         if not features[basic]:
             raise MissingFeature(f"this kernel ({release}) cannot create {basic}: testbed needs it for every lab")
-    if spec.links.needs_netem and not features["netem"]:
+    if spec.needs_netem and not features["netem"]:
         asked = ", ".join(
             f"{key}={value}"
             for key, value in spec.links.model_dump(mode="json").items()
             if key in ("delay", "jitter", "loss") and value not in ("0ms", 0, 0.0)
-        )
+        ) or "with delays of their own"
         raise MissingFeature(
             f"lab {spec.name} asks for links {asked}, which needs sch_netem; this kernel "
             f"({release}) lacks it: set delay, jitter and loss to 0, or run on a kernel with "

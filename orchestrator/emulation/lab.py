@@ -315,16 +315,16 @@ class Lab:
 
     def set_link_shape(self, link: Link, rate_bps: int | None = None, delay_s: float = 0.0, jitter_s: float = 0.0,
                        loss_percent: float = 0.0, queue_too: bool = False) -> None:
-        """Change a link's rate (both directions) and, with `queue_too`, its queue: netem
-        delay/jitter/loss, or the plain FIFO when they are all zero."""
+        """Change a link's rate (both directions) and, with `queue_too`, its queue (the link's own
+        length): netem delay/jitter/loss, or the plain FIFO when they are all zero."""
         ns = self.plan.namespaces
         with kernel.Netlink() as nl:
-            for end in (link.a, link.b):
+            for end, other in ((link.a, link.b), (link.b, link.a)):
                 if rate_bps is not None:
                     kernel.set_rate(nl, ns[end.node], end.interface, rate_bps)
                 if queue_too:
-                    kernel.set_leaf(nl, ns[end.node], end.interface, self.spec.links.queue, delay_s, jitter_s,
-                                    loss_percent)
+                    queue = self.topology.queue_of(end.node, other.node, self.spec.links.queue)
+                    kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent)
 
     def server_processes(self, server: str) -> list[dict]:
         """What runs on a server: {pid, start} of every process in a netns server's namespace
@@ -518,8 +518,13 @@ class _Builder:
                 kernel.add_address(nl, space, iface.name, iface.address, metrics)
         for ifname in self.link_ends(name):
             peer = self.topology.peer(Endpoint(name, ifname))
-            rate = int(self.topology.rate_of(name, peer.node, links.bandwidth)) if peer else links.bandwidth
-            kernel.shape(nl, space, ifname, rate, links.queue, links.delay, links.jitter, links.loss)
+            if peer is None:
+                kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
+                continue
+            t, there = self.topology, peer.node
+            kernel.shape(nl, space, ifname, int(t.rate_of(name, there, links.bandwidth)),
+                         t.queue_of(name, there, links.queue), t.delay_of(name, there, links.delay), links.jitter,
+                         links.loss)
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the

@@ -91,10 +91,10 @@ def _degrade(lab, fault: Fault, held: Held) -> None:
 
 def _undegrade(lab, fault: Fault, held: Held) -> None:
     links = lab.spec.links
-    for link in fault.target.links:  # back to the link's own rate (links.overrides) or the lab's
+    for link in fault.target.links:  # back to the link's own rate and delay (links.overrides) or the lab's
         a, b = link.nodes()
-        lab.set_link_shape(link, int(lab.topology.rate_of(a, b, links.bandwidth)), links.delay, links.jitter, links.loss,
-                           queue_too=any(fault.params.get(k) for k in ("delay", "jitter", "loss")))
+        lab.set_link_shape(link, int(lab.topology.rate_of(a, b, links.bandwidth)), lab.topology.delay_of(a, b, links.delay),
+                           links.jitter, links.loss, queue_too=any(fault.params.get(k) for k in ("delay", "jitter", "loss")))
 
 
 def _check_netem(params: dict) -> None:

@@ -206,11 +206,13 @@ NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,9}$", description=NO
 
 
 class GraphLinkSpec(_Strict):
-    """One link of a graph: its two nodes and, optionally, a rate of its own."""
+    """One link of a graph: its two nodes and, optionally, a rate, delay and queue of its own."""
 
     a: NodeName
     b: NodeName
     bandwidth: Rate | None = None
+    delay: NetemTime | None = None
+    queue: int | None = Field(None, strict=True, ge=1, le=MAX_QUEUE, description="packets, e.g. 100")
 
 
 def _graph_link(value: Any) -> Any:
@@ -232,7 +234,7 @@ class GraphSpec(_Strict):
     l2: tuple[NodeName, ...] = Field((), max_length=MAX_GRAPH_NODES, description=NODE_NAMES)
     l3: tuple[NodeName, ...] = Field((), max_length=MAX_GRAPH_NODES, description=NODE_NAMES)
     links: tuple[Annotated[GraphLinkSpec, BeforeValidator(_graph_link)], ...] = Field(
-        min_length=1, max_length=MAX_GRAPH_LINKS, description="[a, b], a-b or {a, b, bandwidth}")
+        min_length=1, max_length=MAX_GRAPH_LINKS, description="[a, b], a-b or {a, b, bandwidth, delay, queue}")
 
     @property
     def label(self) -> str:
@@ -270,8 +272,8 @@ MAX_GRAPH_FILE_BYTES = 4 << 20
 
 def read_graph_file(directory: Path, name: Any) -> dict:
     """servers, l2, l3 and links of a GraphML (.graphml, .xml) or networkx node-link JSON
-    (.json) file: every node's `role` is server, l2 or l3; a link's optional `bandwidth` is
-    its rate (e.g. 50Mbit). ValueError (one line) for anything else."""
+    (.json) file: every node's `role` is server, l2 or l3; a link's optional `bandwidth`,
+    `delay` and `queue` are its own (e.g. 50Mbit, 2ms, 100). ValueError (one line) for anything else."""
     import json
 
     import networkx as nx
@@ -316,8 +318,9 @@ def read_graph_file(directory: Path, name: Any) -> dict:
     links = []
     for a, b, attributes in graph.edges(data=True):
         link = {"a": str(a), "b": str(b)}
-        if attributes.get("bandwidth") is not None:
-            link["bandwidth"] = attributes["bandwidth"]
+        for key in ("bandwidth", "delay", "queue"):
+            if attributes.get(key) is not None:
+                link[key] = attributes[key]
         links.append(link)
     return {"servers": roles["server"], "l2": roles["l2"], "l3": roles["l3"], "links": links}
 
@@ -364,11 +367,20 @@ MAX_LINK_OVERRIDES = 4096
 
 
 class LinkOverride(_Strict):
-    """One link (both directions) at a rate of its own: a slower uplink, an oversubscribed tier."""
+    """One link (both directions) with a rate, delay or queue of its own: a slower uplink, an
+    oversubscribed tier, a long-haul link, a shallow buffer."""
 
     link: str = Field(pattern=r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.]+$", max_length=64,
                       description="NODE-NODE as `testbed status` lists it, e.g. l0s0-h00")
-    bandwidth: Rate = Field(description="e.g. 50Mbit")
+    bandwidth: Rate | None = Field(None, description="e.g. 50Mbit")
+    delay: NetemTime | None = Field(None, description="one way, e.g. 2ms (needs sch_netem)")
+    queue: int | None = Field(None, strict=True, ge=1, le=MAX_QUEUE, description="packets, e.g. 100")
+
+    @model_validator(mode="after")
+    def _something(self) -> "LinkOverride":
+        if self.bandwidth is None and self.delay is None and self.queue is None:
+            raise ValueError(f"{self.link}: give the link's own bandwidth, delay or queue (or drop the entry)")
+        return self
 
 
 class LinksSpec(_Strict):
@@ -382,25 +394,32 @@ class LinksSpec(_Strict):
     queue: int = Field(strict=True, default=1000, ge=1, le=MAX_QUEUE, description="packets, e.g. 1000")
     mtu: int = Field(strict=True, default=1500, ge=MIN_MTU, le=MAX_MTU, description="bytes; 9000 for jumbo frames")
     overrides: tuple[LinkOverride, ...] = Field((), max_length=MAX_LINK_OVERRIDES,
-                                          description="links at a rate of their own, e.g. [{link: l0-s0, bandwidth: 50Mbit}]")
+                                          description="links with a rate, delay or queue of their own, e.g. "
+                                                      "[{link: l0-s0, bandwidth: 50Mbit, delay: 2ms, queue: 100}]")
 
     @property
     def needs_netem(self) -> bool:
-        return self.delay > 0 or self.jitter > 0 or self.loss > 0
+        return self.delay > 0 or self.jitter > 0 or self.loss > 0 or any(o.delay for o in self.overrides)
 
     @model_validator(mode="after")
     def _jitter_needs_delay(self) -> "LinksSpec":
         if self.jitter > self.delay:
             raise ValueError("jitter must not exceed delay (netem draws delay ± jitter)")
+        for index, override in enumerate(self.overrides):
+            if override.delay is not None and self.jitter > override.delay:
+                raise ValueError(f"overrides.{index}.delay: {_format_seconds(override.delay)} is less than the links' "
+                                 f"jitter {_format_seconds(self.jitter)} (netem draws delay ± jitter): raise it")
         return self
 
     @model_validator(mode="after")
     def _queue_fits_memory(self) -> "LinksSpec":
-        if self.queue * self.mtu > MAX_QUEUE_BYTES:
-            raise ValueError(
-                f"queue {self.queue} × mtu {self.mtu} is more than the {_format_size(MAX_QUEUE_BYTES)} one "
-                f"full queue may hold: lower queue to at most {MAX_QUEUE_BYTES // self.mtu} at this mtu"
-            )
+        for where, queue in [("queue", self.queue)] + [(f"overrides.{i}.queue", o.queue)
+                                                       for i, o in enumerate(self.overrides) if o.queue]:
+            if queue * self.mtu > MAX_QUEUE_BYTES:
+                raise ValueError(
+                    f"{where}: {queue} × mtu {self.mtu} is more than the {_format_size(MAX_QUEUE_BYTES)} one "
+                    f"full queue may hold: lower it to at most {MAX_QUEUE_BYTES // self.mtu} at this mtu"
+                )
         return self
 
 
@@ -499,6 +518,23 @@ class LabSpec(_Strict):
     rdma: Literal["none", "softroce"] = "none"
     management: ManagementSpec = ManagementSpec()
     addressing: AddressingSpec = AddressingSpec()
+
+    @property
+    def needs_netem(self) -> bool:
+        """Whether any link is delayed, jittered or lossy (sch_netem): the links' own or a graph link's."""
+        return self.links.needs_netem or any(getattr(link, "delay", None) for link in getattr(self.topology, "links", ()))
+
+    @model_validator(mode="after")
+    def _graph_links_fit(self) -> "LabSpec":
+        for index, link in enumerate(getattr(self.topology, "links", ()) if self.topology.kind == "graph" else ()):
+            if link.delay is not None and self.links.jitter > link.delay:
+                raise ValueError(f"topology.links.{index}.delay: {_format_seconds(link.delay)} is less than the links' "
+                                 f"jitter {_format_seconds(self.links.jitter)} (netem draws delay ± jitter): raise it")
+            if link.queue is not None and link.queue * self.links.mtu > MAX_QUEUE_BYTES:
+                raise ValueError(f"topology.links.{index}.queue: {link.queue} × mtu {self.links.mtu} is more than the "
+                                 f"{_format_size(MAX_QUEUE_BYTES)} one full queue may hold: lower it to at most "
+                                 f"{MAX_QUEUE_BYTES // self.links.mtu} at this mtu")
+        return self
 
     @model_validator(mode="after")
     def _management_apart(self) -> "LabSpec":

@@ -47,10 +47,7 @@ for _kind in (
                  "Leaf-spine", layouts.leafspine, None, groups.by_attr("switch")),
     TopologyKind("star", lambda spec, data, links: switched.build_star(spec.servers, data, links), ("servers",),
                  "Star", layouts.star, None, groups.none),
-    TopologyKind("graph", lambda spec, data, links: graph.build(
-        list(spec.servers), list(spec.l2), list(spec.l3),
-        [(link.a, link.b, link.bandwidth) for link in spec.links], data, links), (),
-                 "Graph", layouts.graph, None, groups.none),
+    TopologyKind("graph", graph.from_spec, (), "Graph", layouts.graph, None, groups.none),
 ):
     register_kind(_kind)
 
@@ -69,12 +66,13 @@ def build(spec, addressing=None) -> Topology:
 
 
 def from_lab(lab) -> Topology:
-    """The topology of a validated LabSpec, with its links' own rates (links.overrides)."""
+    """The topology of a validated LabSpec, with its links' own rates, delays and queues (links.overrides)."""
     topology = build(lab.topology, lab.addressing)
     for index, override in enumerate(lab.links.overrides):
         a, b = override.link.split("-")
         if not topology.links_between(a, b):
             raise TopologyError(f"links.overrides[{index}].link: {override.link}: this {topology.kind} has no link "
                                 f"between {a} and {b} (`testbed topology` lists its links)")
-        topology.rates[(a, b)] = topology.rates[(b, a)] = float(override.bandwidth)
+        topology.set_link(a, b, None if override.bandwidth is None else float(override.bandwidth), override.delay,
+                          override.queue)
     return topology

@@ -149,6 +149,16 @@ def build(servers: list[str], l2: list[str], l3: list[str], links: list[tuple[st
     return topology
 
 
+def from_spec(spec, data_pool, links_pool) -> Topology:
+    """The `graph` kind's builder: a GraphSpec's nodes and links, each link with its own rate,
+    delay and queue where the spec gives them."""
+    topology = build(list(spec.servers), list(spec.l2), list(spec.l3),
+                     [(link.a, link.b, link.bandwidth) for link in spec.links], data_pool, links_pool)
+    for link in spec.links:
+        topology.set_link(link.a, link.b, None, getattr(link, "delay", None), getattr(link, "queue", None))
+    return topology
+
+
 def _lans(servers, l2, l3, pairs, role) -> list[tuple[str | None, list[str], list[str]]]:
     """(gateway l3 switch or None, servers, l2 switches) of every LAN: each l2 segment, then
     each l3 switch's access ports."""

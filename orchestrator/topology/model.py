@@ -135,6 +135,9 @@ class Topology:
         self.links = links
         # bits/s of single link directions that are not the lab's links.bandwidth (links.overrides)
         self.rates: dict[tuple[str, str], float] = {}
+        # a link direction's own one-way delay (s) and queue (packets), where it has them
+        self.delays: dict[tuple[str, str], float] = {}
+        self.queues: dict[tuple[str, str], int] = {}
         self._routes = routes
         self._lazy_routes = lazy_routes
         self.facts = facts
@@ -181,6 +184,21 @@ class Topology:
     def rate_of(self, a: str, b: str, default: float) -> float:
         """Bits/s of the link direction a → b: its own rate, or the lab's `default`."""
         return self.rates.get((a, b), default)
+
+    def delay_of(self, a: str, b: str, default: float) -> float:
+        """One-way seconds of the link direction a → b: its own delay, or the lab's `default`."""
+        return self.delays.get((a, b), default)
+
+    def queue_of(self, a: str, b: str, default: int) -> int:
+        """Packets the link direction a → b queues: its own, or the lab's `default`."""
+        return self.queues.get((a, b), default)
+
+    def set_link(self, a: str, b: str, rate: float | None = None, delay: float | None = None,
+                 queue: int | None = None) -> None:
+        """Give the link between a and b (both directions) a rate, delay or queue of its own."""
+        for table, value in ((self.rates, rate), (self.delays, delay), (self.queues, queue)):
+            if value is not None:
+                table[(a, b)] = table[(b, a)] = value
 
     def links_between(self, a: str, b: str) -> list[Link]:
         """The links wiring nodes a and b together (none if they are not neighbours)."""

@@ -167,6 +167,7 @@ def test_unknown_node_is_a_clear_error(make_lab):
 @pytest.mark.parametrize("asked,feature", [
     ({"links.delay": "5ms"}, "netem"),
     ({"links.loss": 1}, "netem"),
+    ({"links.overrides": [{"link": "h0-sw", "delay": "2ms"}]}, "netem"),  # one link's own delay
     ({"rdma": "softroce"}, "rdma_rxe"),
 ])
 def test_lab_needing_a_missing_kernel_feature_is_refused_before_building(asked, feature):

@@ -1,6 +1,7 @@
 """A link at a rate of its own (links.overrides) is shaped at that rate at both ends, and a
-run over it is predicted with it as the bottleneck; a link-degrade fault healed gives the link
-its own rate back, not the lab's. Lab: ex-rates."""
+run over it is predicted with it as the bottleneck; a link with a queue of its own has that
+queue at both ends; a link-degrade fault healed gives the link its own rate back, not the
+lab's. Lab: ex-rates."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def lab():
 
     data = lab_from_argument("star,4", name="ex-rates", **{"links.bandwidth": "100Mbit", "servers.runtime": "netns"})
     data = data.model_dump(mode="json")
-    data["links"]["overrides"] = [{"link": "h0-sw", "bandwidth": "40Mbit"}]
+    data["links"]["overrides"] = [{"link": "h0-sw", "bandwidth": "40Mbit"}, {"link": "sw-h1", "queue": 50}]
     with Lab.up(LabSpec.model_validate(data)) as live:
         yield live
 
@@ -45,6 +46,27 @@ def test_the_slow_link_is_shaped_and_the_ring_runs_at_its_pace(lab):
     assert predicted.per_run > 1.5 * 2 * 3 / 4 * (TENSORS[0] * 4) / (100e6 / 8)
     print(f"ring over a 40 Mbit link in a 100 Mbit star: {seconds:.3f} s, predicted {predicted.per_run:.3f} s")
     assert 0.85 <= seconds / predicted.per_run <= 1.15
+
+
+def queue_limits(lab, node: str) -> dict[str, int]:
+    """interface → the packet limit of the FIFO under its HTB class, as tc reads it."""
+    import json
+    import subprocess
+
+    shown = subprocess.run(lab.command_prefix(node) + ["tc", "-j", "qdisc", "show"], capture_output=True, text=True,
+                           check=True, timeout=30)
+    return {q["dev"]: q["options"]["limit"] for q in json.loads(shown.stdout)
+            if q.get("kind") in ("pfifo", "netem") and "limit" in q.get("options", {})}
+
+
+def test_a_link_with_a_queue_of_its_own_has_it_at_both_ends(lab):
+    h1, switch = lab.topology.links_between("h1", "sw")[0].a, lab.topology.links_between("h1", "sw")[0].b
+    if h1.node != "h1":
+        h1, switch = switch, h1
+    assert queue_limits(lab, "h1")[h1.interface] == 50
+    limits = queue_limits(lab, "sw")
+    assert limits[switch.interface] == 50
+    assert {limit for port, limit in limits.items() if port != switch.interface} == {lab.spec.links.queue}
 
 
 def test_a_healed_degrade_gives_the_link_its_own_rate_back(lab):

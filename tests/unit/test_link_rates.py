@@ -67,3 +67,60 @@ def test_overrides_are_checked_in_one_line():
         lab("star,4", [{"link": "h0-sw", "bandwidth": "fast"}])
     with pytest.raises(SpecError, match=r"links.overrides"):
         lab("star,4", [{"link": "h0-sw", "bandwidth": "50Mbit"}] * 5000)
+
+
+def test_a_link_may_have_a_delay_and_a_queue_of_its_own(tmp_path):
+    from orchestrator.deploy.agents import flow_window
+
+    spec = lab("star,4", [{"link": "h0-sw", "bandwidth": "40Mbit", "queue": 50},
+                          {"link": "sw-h1", "delay": "2ms"}])
+    topology = topology_lib.from_lab(spec)
+    assert topology.queue_of("h0", "sw", 1000) == topology.queue_of("sw", "h0", 1000) == 50
+    assert topology.delay_of("h1", "sw", 0.0) == topology.delay_of("sw", "h1", 0.0) == pytest.approx(0.002)
+    assert topology.rates == {("h0", "sw"): 40e6, ("sw", "h0"): 40e6}  # h1's entry gave no rate
+    assert topology.queue_of("h2", "sw", 1000) == 1000 and topology.delay_of("h2", "sw", 0.0) == 0.0
+    assert spec.needs_netem and not lab("star,4", [{"link": "h0-sw", "queue": 50}]).needs_netem
+    # the data streams' window covers the longest link's delay: 2 links × 2 ms each way at 100 Mbit
+    assert flow_window(spec, topology) >= 2 * 100e6 / 8 * (2 * 2 * 0.002)
+
+
+def test_a_links_own_delay_and_queue_are_checked_in_one_line():
+    with pytest.raises(SpecError, match=r"links.overrides.0: h0-sw: give the link's own bandwidth, delay or queue"):
+        lab("star,4", [{"link": "h0-sw"}])
+    with pytest.raises(SpecError, match=r"links.overrides.0.queue: must lie between 1 and"):
+        lab("star,4", [{"link": "h0-sw", "queue": 0}])
+    data = lab_from_argument("star,4").model_dump(mode="json")
+    data["links"].update(delay="5ms", jitter="3ms", overrides=[{"link": "h0-sw", "delay": "1ms"}])
+    with pytest.raises(SpecError, match=r"overrides.0.delay: 1ms is less than the links' jitter 3ms"):
+        validate(LabSpec, data, "lab.yaml")
+    data["links"].update(delay="0ms", jitter="0ms", mtu=9000, overrides=[{"link": "h0-sw", "queue": 200000}])
+    with pytest.raises(SpecError, match=r"overrides.0.queue: 200000 × mtu 9000 is more than"):
+        validate(LabSpec, data, "lab.yaml")
+
+
+def test_a_graph_link_has_its_own_delay_and_queue_in_yaml_and_graphml(tmp_path):
+    import networkx as nx
+
+    from orchestrator.spec import load_lab
+
+    (tmp_path / "lab.yaml").write_text(
+        "name: g\ntopology:\n  kind: graph\n  servers: [a, b]\n  l3: [r]\n"
+        "  links: [[a, r], {a: b, b: r, bandwidth: 50Mbit, delay: 1ms, queue: 30}]\n")
+    topology = topology_lib.from_lab(load_lab(tmp_path / "lab.yaml"))
+    assert (topology.rate_of("r", "b", 0), topology.delay_of("r", "b", 0.0), topology.queue_of("b", "r", 1000)) == \
+        (50e6, pytest.approx(0.001), 30)
+    assert topology.queue_of("a", "r", 1000) == 1000
+    graph = nx.Graph()
+    graph.add_nodes_from(["a", "b"], role="server")
+    graph.add_node("r", role="l3")
+    graph.add_edge("a", "r")
+    graph.add_edge("b", "r", delay="3ms", queue=40)
+    nx.write_graphml(graph, tmp_path / "net.graphml")
+    (tmp_path / "file.yaml").write_text("name: g\ntopology: {kind: graph, file: net.graphml}\n")
+    topology = topology_lib.from_lab(load_lab(tmp_path / "file.yaml"))
+    assert topology.delay_of("b", "r", 0.0) == pytest.approx(0.003) and topology.queue_of("r", "b", 1000) == 40
+    (tmp_path / "bad.yaml").write_text(
+        "name: g\nlinks: {mtu: 9000}\ntopology:\n  kind: graph\n  servers: [a, b]\n  l3: [r]\n"
+        "  links: [[a, r], {a: b, b: r, queue: 200000}]\n")
+    with pytest.raises(SpecError, match=r"topology.links.1.queue: 200000 × mtu 9000 is more than"):
+        load_lab(tmp_path / "bad.yaml")

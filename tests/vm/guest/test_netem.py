@@ -126,3 +126,23 @@ def test_a_degrade_fault_adds_netem_delay_and_its_undo_takes_it_away(make_lab, f
     assert min(degraded) >= 2 * delay_ms
     assert statistics.median(degraded) <= 2 * delay_ms + EMULATION_SLACK_MS
     assert statistics.median(healed) < delay_ms, healed
+
+
+def test_a_link_with_a_delay_and_queue_of_its_own_delays_only_its_crossings(make_lab, figure):
+    """links.overrides: h0-sw alone at 15 ms with a 50-packet queue, both ends; h1's link as
+    the lab's (no delay). A ping h0 → h1 meets h0-sw's netem twice per round trip."""
+    delay_ms, count = 15.0, 60
+    lab = make_lab("star,3", name="vmownlink", **{"servers.runtime": "netns",
+                                                   "links.overrides": [{"link": "h0-sw", "delay": f"{delay_ms:g}ms",
+                                                                        "queue": 50}]})
+    assert_netem(lab, "h0", "h0-eth0", f"limit 50 delay {delay_ms:g}ms")
+    assert_netem(lab, "sw", "sw-eth0", f"limit 50 delay {delay_ms:g}ms")
+    plain = lab.exec("h1", ["tc", "qdisc", "show", "dev", "h1-eth0"]).stdout
+    assert "netem" not in plain and "limit 1000p" in plain, plain
+    own, _ = ping(lab, "h0", str(lab.topology.address_of("h1")), count, 0.01)
+    other, _ = ping(lab, "h1", str(lab.topology.address_of("h2")), count, 0.01)
+    figure("own_link_rtt_ms", {"asked": 2 * delay_ms, "median": statistics.median(own),
+                               "other_pair_median": statistics.median(other)})
+    assert min(own) >= 2 * delay_ms
+    assert statistics.median(own) <= 2 * delay_ms + EMULATION_SLACK_MS
+    assert statistics.median(other) < delay_ms, other
