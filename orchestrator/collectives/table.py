@@ -5,13 +5,12 @@ the same call a plugin uses); registry.py is the face the rest of the package us
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from pydantic import ValidationError
 
+from orchestrator.origins import Origin
 from orchestrator.collectives.context import Context
 from orchestrator.collectives.forms import ClosedForm
 from orchestrator.collectives.membership import Reform, keep_ranks, renumber
@@ -86,14 +85,5 @@ def register(name: str, build: Builder, *, options: type[AlgorithmOptions] = NoO
 
 
 # where registrations come from while a plugin loads (orchestrator/plugins.py sets it)
-_origin: ContextVar[str] = ContextVar("algorithm_origin", default="built-in")
-
-
-@contextmanager
-def origin(where: str) -> Iterator[None]:
-    """Algorithms registered within it record `where` (a plugin's file or entry point)."""
-    token = _origin.set(where)
-    try:
-        yield
-    finally:
-        _origin.reset(token)
+_origin = Origin("algorithm_origin")
+origin = _origin.within  # `with table.origin(file):` — algorithms registered within record it

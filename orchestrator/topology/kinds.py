@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from orchestrator.errors import TopologyError
+from orchestrator.origins import Origin
 from orchestrator.topology.model import Topology
 
 Address = ipaddress.IPv4Address
@@ -49,17 +48,8 @@ class TopologyKind:
 
 KINDS: dict[str, TopologyKind] = {}
 # where registrations come from while a plugin loads (orchestrator/plugins.py sets it)
-_origin: ContextVar[str] = ContextVar("topology_origin", default="built-in")
-
-
-@contextmanager
-def origin(where: str) -> Iterator[None]:
-    """Kinds registered within it record `where` (a plugin's file)."""
-    token = _origin.set(where)
-    try:
-        yield
-    finally:
-        _origin.reset(token)
+_origin = Origin("topology_origin")
+origin = _origin.within  # `with kinds.origin(file):` — kinds registered within record it
 
 
 def register_kind(kind: TopologyKind) -> TopologyKind:
