@@ -13,6 +13,7 @@ import time
 
 
 from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.collectives import registry
 from orchestrator.control import driver, workloads
 from orchestrator.control.stalls import RankView, _dead_edges, stall_message
 from orchestrator.control.local import local_agents
@@ -145,7 +146,7 @@ def test_a_run_its_driver_left_behind_is_stopped_before_the_next_one(caplog):
     tensors = [100_000]
     with local_agents(3) as eps:
         with driver.control_stubs(eps) as stubs:  # a driver that starts a long run, then is gone
-            plans = driver.build_rank_plans(driver.registry.schedules("ring", driver.Context(3), tensors[0],
+            plans = driver.build_rank_plans(registry.schedules("ring", driver.Context(3), tensors[0],
                                                                       driver.partitions(tensors, None)), 3)
             peers = [pb.Peer(rank=e.rank, node=e.node, address=e.data) for e in eps]
             for e in eps:
