@@ -29,7 +29,6 @@ import json
 import math
 import os
 import platform
-import stat
 import statistics
 import subprocess
 from importlib import metadata
@@ -38,6 +37,7 @@ from typing import Annotated, Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator import files
 from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
 from orchestrator.spec.loader import display_path, one_line
@@ -145,9 +145,6 @@ MAX_DEPTH = 64  # nesting levels; results.json itself needs about 10
 MAX_NUMBER = 1e18  # magnitude of any number: beyond every byte count, rate or Unix time a run records
 _MAX_DIGITS = 25  # an integer longer than this is out of range anyway (and Python limits conversions)
 LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second Python's datetime can show
-
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
 
 
 class _OutOfRange:
@@ -357,43 +354,32 @@ def load(directory: Path) -> dict:
 
 def _read_results(directory: Path, path: Path, where: str) -> bytes:
     """The bytes of results.json: a regular file (not a symlink), at most MAX_RESULTS_BYTES."""
-    def kind_of(mode: int) -> str | None:
-        return _KINDS.get(stat.S_IFMT(mode))
-
     try:
-        # lstat before open: opening a FIFO blocks and opening some devices acts; fstat after,
-        # O_NOFOLLOW and O_NONBLOCK: the name may have been swapped in between
-        kind = kind_of(os.lstat(path).st_mode)
-        raw, size = b"", 0
-        if kind is None:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as handle:
-                info = os.fstat(fd)
-                kind, size = kind_of(info.st_mode), info.st_size
-                if kind is None and size <= MAX_RESULTS_BYTES:
-                    raw = handle.read(MAX_RESULTS_BYTES + 1)  # the file may have grown since
+        raw = files.read_regular(path, MAX_RESULTS_BYTES, follow=False)
+    except files.NotRegular as exc:
+        raise BadUsage(f"{where}: is {exc.kind}, not a regular file: testbed reads results only from the file "
+                       f"`testbed run` wrote") from None
+    except files.TooLarge:
+        raw = b"x" * (MAX_RESULTS_BYTES + 1)  # said below, as for a file that grew while read
     except FileNotFoundError:
         if not directory.is_dir():
             raise BadUsage(f"{display_path(directory)}: no such directory: give a directory `testbed run` wrote") \
                 from None
         raise BadUsage(f"{display_path(directory)}: no {RESULTS} here: give a directory `testbed run` wrote") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            kind = "a symlink"
-        elif exc.errno == errno.ENOTDIR:
+        if exc.errno == errno.ELOOP:  # swapped for a symlink between the lstat and the open
+            raise BadUsage(f"{where}: is a symlink, not a regular file: testbed reads results only from the file "
+                           f"`testbed run` wrote") from None
+        if exc.errno == errno.ENOTDIR:
             raise BadUsage(f"{display_path(directory)}: not a directory: give a directory `testbed run` wrote") \
                 from None
-        elif isinstance(exc, PermissionError):
+        if isinstance(exc, PermissionError):
             raise BadUsage(f"{where}: cannot read it: {exc.strerror}: run as a user who may read it, or copy the "
                            f"directory") from None
-        else:
-            raise BadUsage(f"{where}: cannot read it: {exc.strerror or exc}") from None
+        raise BadUsage(f"{where}: cannot read it: {exc.strerror or exc}") from None
     except ValueError:  # a NUL in the path
         raise BadUsage(f"{where}: not a valid file name") from None
-    if kind is not None:
-        raise BadUsage(f"{where}: is {kind}, not a regular file: testbed reads results only from the file "
-                       f"`testbed run` wrote")
-    if max(size, len(raw)) > MAX_RESULTS_BYTES:
+    if len(raw) > MAX_RESULTS_BYTES:
         raise BadUsage(f"{where}: larger than {MAX_RESULTS_BYTES >> 20} MiB: not a results file of testbed run")
     return raw
 

@@ -12,8 +12,6 @@ is built from them), and values are quoted cut to a few dozen characters.
 from __future__ import annotations
 
 import difflib
-import os
-import stat
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +24,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 from yaml.parser import ParserError
 from yaml.scanner import ScannerError
 
+from orchestrator import files
 from orchestrator.errors import SpecError
 from orchestrator.units import shown
 
@@ -41,8 +40,6 @@ MAX_NUMBER_DIGITS = 100  # Python refuses to convert ints of more than 4,300 dig
 MAX_MESSAGE = 400  # characters of an error line
 _MAX_SHOWN_PATH = 120
 
-_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-               stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -79,24 +76,19 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def _read_text(path: Path, where: str) -> str:
     """The file's text: refused, in one line, unless a regular file of at most MAX_FILE_BYTES."""
     try:
-        # stat before open: opening a FIFO blocks, and opening some devices acts (a tape rewinds)
-        kind = _FILE_KINDS.get(stat.S_IFMT(os.stat(path).st_mode))
-        if kind is None:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as file:
-                # fstat again: the path may have been swapped since the stat above
-                kind = _FILE_KINDS.get(stat.S_IFMT(os.fstat(fd).st_mode))
-                raw = file.read(MAX_FILE_BYTES + 1) if kind is None else b""
+        raw = files.read_regular(path, MAX_FILE_BYTES)
+    except files.NotRegular as exc:
+        if exc.kind == "a directory":
+            raise SpecError(f"{where}: is a directory, expected a YAML file") from None
+        raise SpecError(f"{where}: is {exc.kind}, not a regular file: give the path of a YAML file") from None
+    except files.TooLarge:
+        raw = b"x" * (MAX_FILE_BYTES + 1)  # said below, as for a file that grew while read
     except FileNotFoundError:
         raise SpecError(f"{where}: no such file") from None
     except OSError as exc:
         raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
     except ValueError:  # a NUL in the path
         raise SpecError(f"{where}: not a valid file name") from None
-    if kind == "a directory":
-        raise SpecError(f"{where}: is a directory, expected a YAML file")
-    if kind is not None:
-        raise SpecError(f"{where}: is {kind}, not a regular file: give the path of a YAML file")
     if len(raw) > MAX_FILE_BYTES:
         raise SpecError(
             f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB: a lab or experiment file is a few KiB; "
