@@ -8,6 +8,7 @@ wraps it into a `Prediction` (time, algbw/busbw, bytes per link, bottlenecks), a
 """
 
 from orchestrator.cost.network import Network, tcp_efficiency
-from orchestrator.cost.predict import LinkLoad, Prediction, build_schedules, predict, predict_schedules
+from orchestrator.cost.compiled import build_schedules, predict
+from orchestrator.cost.predict import LinkLoad, Prediction, predict_schedules
 
 __all__ = ["LinkLoad", "Network", "Prediction", "build_schedules", "predict", "predict_schedules", "tcp_efficiency"]

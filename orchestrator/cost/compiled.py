@@ -20,8 +20,8 @@ from typing import Callable, Collection, Sequence
 
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import Partition
-from orchestrator.collectives.schedule import check_ranks
+from orchestrator.collectives.partition import Partition, partitions
+from orchestrator.collectives.schedule import RankMismatch, check_ranks
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules, predict_schedules
 from orchestrator.cost.routes import Routes
@@ -86,3 +86,53 @@ def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Par
         chunk_bytes = chunk_bytes(schedules, credit_bytes)
     return CompiledRun(algorithm, schedules, tuple(placed[:ranks]), chunk_bytes or DEFAULT_CHUNK_BYTES, credit_bytes,
                        send_buffer_bytes)
+
+
+def over_servers(topology: Topology, algorithm: str, size_bytes: int, workers: int | None = None,
+                 options: dict | None = None, partition_bytes: int | None = None, itemsize: int = 4,
+                 **compiling) -> CompiledRun:
+    """The run the driver would compile over `topology`'s servers: workers first, in server
+    order, then parameter servers. `compiling`: compile_run's credit_bytes, chunk_bytes and
+    send_buffer_bytes. ValueError for an unknown algorithm, options it refuses, or too few
+    servers."""
+    servers = [s.name for s in topology.servers]
+    workers = len(servers) if workers is None else workers
+    if not 1 <= workers <= len(servers):
+        raise ValueError(f"workers must lie between 1 and the {len(servers)} servers, got {workers}")
+    ctx = Context(workers, topology, tuple(servers), dict(options or {}))
+    elements = max(1, size_bytes // itemsize)
+    try:
+        return compile_run(algorithm, ctx, elements, partitions([elements], partition_bytes, itemsize), nodes=servers,
+                           **compiling)
+    except RankMismatch as exc:
+        raise ValueError(f"{algorithm} with {workers} workers needs {exc.ranks} servers (workers and parameter "
+                         f"servers); this {topology.kind} has {len(servers)}: pass fewer workers or other options") from None
+
+
+def build_schedules(topology: Topology, algorithm: str, size_bytes: int, workers: int | None = None,
+                    options: dict | None = None, partition_bytes: int | None = None,
+                    itemsize: int = 4) -> tuple[Schedules, list[str]]:
+    """The schedules of `over_servers`' run, and the server of every rank."""
+    run = over_servers(topology, algorithm, size_bytes, workers, options, partition_bytes, itemsize)
+    return run.schedules, list(run.nodes)
+
+
+def predict(
+    topology: Topology,
+    algorithm: str,
+    size_bytes: int,
+    network: Network,
+    workers: int | None = None,
+    options: dict | None = None,
+    partition_bytes: int | None = None,
+    credit_bytes: int = 0,
+    chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
+    itemsize: int = 4,
+) -> Prediction:
+    """Predict `algorithm` allreducing `size_bytes` over the servers of `topology`.
+
+    `chunk_bytes` is the agents' message size, or a function of (schedules, credit_bytes)
+    giving it (the driver's: `agent.plan.chunk_bytes`)."""
+    run = over_servers(topology, algorithm, size_bytes, workers, options, partition_bytes, itemsize,
+                       credit_bytes=credit_bytes, chunk_bytes=chunk_bytes)
+    return predict_schedules(topology, run.schedules, list(run.nodes), network, run.chunk_bytes, credit_bytes, itemsize)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
-from orchestrator.collectives import registry
-from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import Partition, partitions
-from orchestrator.collectives.schedule import RankMismatch, Schedule, check_ranks
+from orchestrator.collectives.partition import Partition
+from orchestrator.collectives.schedule import Schedule
 from orchestrator.cost.network import Network
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import (
@@ -181,53 +179,3 @@ def check_path_work(topology: Topology, schedules: Schedules) -> None:
                          f"{max(len(path) for path in far)} nodes on L2 segments of up to {widest:,} interfaces are about "
                          f"{work:,} path-search steps, more than the {MAX_PATH_WORK:,} one prediction may take: "
                          "use fewer servers or another algorithm")
-
-
-def build_schedules(
-    topology: Topology,
-    algorithm: str,
-    size_bytes: int,
-    workers: int | None = None,
-    options: dict | None = None,
-    partition_bytes: int | None = None,
-    itemsize: int = 4,
-) -> tuple[Schedules, list[str]]:
-    """The schedules the driver would build for a run over `topology`'s servers (workers
-    first, in server order, then parameter servers), and the server of every rank.
-    Raises ValueError for an unknown algorithm, options it refuses, or too few servers."""
-    servers = [s.name for s in topology.servers]
-    workers = len(servers) if workers is None else workers
-    if not 1 <= workers <= len(servers):
-        raise ValueError(f"workers must lie between 1 and the {len(servers)} servers, got {workers}")
-    ctx = Context(workers, topology, tuple(servers), dict(options or {}))
-    elements = max(1, size_bytes // itemsize)
-    schedules = registry.schedules(algorithm, ctx, elements, partitions([elements], partition_bytes, itemsize))
-    wanted = schedules[0][1].ranks if schedules else workers
-    try:
-        ranks = check_ranks(algorithm, schedules, set(range(min(wanted, len(servers)))), len(servers))
-    except RankMismatch as exc:
-        raise ValueError(f"{algorithm} with {workers} workers needs {exc.ranks} servers (workers and parameter "
-                         f"servers); this {topology.kind} has {len(servers)}: pass fewer workers or other options") from None
-    return schedules, servers[:ranks]
-
-
-def predict(
-    topology: Topology,
-    algorithm: str,
-    size_bytes: int,
-    network: Network,
-    workers: int | None = None,
-    options: dict | None = None,
-    partition_bytes: int | None = None,
-    credit_bytes: int = 0,
-    chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
-    itemsize: int = 4,
-) -> Prediction:
-    """Predict `algorithm` allreducing `size_bytes` over the servers of `topology`.
-
-    `chunk_bytes` is the agents' message size, or a function of (schedules, credit_bytes)
-    giving it (the driver's: `agent.plan.chunk_bytes`)."""
-    schedules, nodes = build_schedules(topology, algorithm, size_bytes, workers, options, partition_bytes, itemsize)
-    if callable(chunk_bytes):
-        chunk_bytes = chunk_bytes(schedules, credit_bytes)
-    return predict_schedules(topology, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize)

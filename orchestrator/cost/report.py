@@ -12,17 +12,13 @@ from typing import Callable, Sequence
 
 from orchestrator import topology as topology_lib
 from orchestrator.collectives import registry
-from orchestrator.collectives.context import Context
-from orchestrator.collectives.partition import check_gradient_bytes, partitions
-from orchestrator.collectives.schedule import RankMismatch
+from orchestrator.collectives.partition import check_gradient_bytes
 from orchestrator.cost.closed_forms import Form, closed_form
-from orchestrator.cost.compiled import CompiledRun, compile_run
+from orchestrator.cost.compiled import CompiledRun, over_servers
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules
 from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, DEFAULT_SEND_BUFFER_BYTES
 from orchestrator.errors import BadUsage
-
-ITEMSIZE = 4  # bytes per gradient element (float32)
 
 
 @dataclass(frozen=True)
@@ -95,26 +91,16 @@ def predict_lab(
     except ValueError as exc:
         raise BadUsage(f"--option: {exc}") from None
     topology = topology_lib.from_lab(lab)
-    servers = [s.name for s in topology.servers]
-    workers = len(servers) if workers is None else workers
-    if not 1 <= workers <= len(servers):
-        raise BadUsage(f"--workers: must lie between 1 and the {len(servers)} servers of {lab.name}, got {workers}")
-    ctx = Context(workers, topology, tuple(servers), dict(options))
-    elements = max(1, size_bytes // ITEMSIZE)
 
     def compiled(partition: int | None) -> CompiledRun:
-        return compile_run(algorithm, ctx, elements, partitions([elements], partition, ITEMSIZE), nodes=servers,
-                           credit_bytes=credit_bytes, chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes)
+        return over_servers(topology, algorithm, size_bytes, workers, options, partition, credit_bytes=credit_bytes,
+                            chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes)
 
     try:
         run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores), topology)
         whole = compiled(None).schedules if partition_bytes else run.schedules
         form = closed_form(whole[0][1], topology) if whole else None
-    except RankMismatch as exc:
-        raise BadUsage(f"{algorithm} on {lab.name}: with {workers} workers it needs {exc.ranks} servers (workers and "
-                       f"parameter servers); this {topology.kind} has {len(servers)}: pass fewer workers or other "
-                       "options") from None
-    except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate)
+    except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers
         raise BadUsage(f"{algorithm} on {lab.name}: {exc}") from None
     return Report(lab.name, topology.kind, dict(topology.params), run.prediction, form, run.chunk_bytes, credit_bytes,
                   len(run.schedules))

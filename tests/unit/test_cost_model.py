@@ -24,7 +24,7 @@ from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
 from orchestrator.cost import Network, predict, predict_schedules, tcp_efficiency
 from orchestrator.cost.closed_forms import closed_form
-from orchestrator.cost.predict import build_schedules
+from orchestrator.cost.compiled import build_schedules
 from orchestrator.cost.ranges import Ranges
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import simulate

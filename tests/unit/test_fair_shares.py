@@ -12,7 +12,7 @@ from orchestrator.agent import plan as plan_format
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
 from orchestrator.cost import Network
-from orchestrator.cost.predict import build_schedules
+from orchestrator.cost.compiled import build_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
 from tests.unit.conftest import make_topology

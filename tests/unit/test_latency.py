@@ -189,7 +189,7 @@ def test_a_prediction_splits_its_time_into_bandwidth_latency_and_waiting():
 
 
 def _ring(n: int, size: int):
-    from orchestrator.cost.predict import build_schedules
+    from orchestrator.cost.compiled import build_schedules
 
     star = make_topology("star", servers=n)
     schedules, nodes = build_schedules(star, "ring", size)

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.cost import Network
 from orchestrator.cost.fairness import max_min_rates
-from orchestrator.cost.predict import build_schedules
+from orchestrator.cost.compiled import build_schedules
 from orchestrator.cost.report import predict_lab
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
