@@ -482,11 +482,7 @@ def faulted_iterations(records: list[dict], events: list[dict], history: Sequenc
     of every membership a surviving run re-formed into (`history` after its first epoch):
     the re-form is the fault's doing, and its new connections start cold like the run's
     warm-up (a rejoined BCube(4,1) HiPS: 1.5 × the model, then 1.2, 1.1)."""
-    spans: dict[int, tuple[float, float]] = {}
-    for r in records:
-        begin, end = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
-        low, high = spans.get(r["iteration"], (begin, end))
-        spans[r["iteration"]] = (min(low, begin), max(high, end))
+    spans = _iteration_spans(records)
     faults = [(e["applied"], e["undone"] + RECOVERY_S if e.get("undone") is not None else float("inf"))
               for e in events if e.get("applied") is not None]
     touched = {i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults)}
@@ -497,12 +493,18 @@ def faulted_iterations(records: list[dict], events: list[dict], history: Sequenc
 def iterations_within(records: list[dict], begin: float, end: float) -> list[int]:
     """Iterations whose compute and synchronisation lay wholly within [begin, end] (Unix
     times): what a fault in effect over that span set alone."""
+    return sorted(i for i, (low, high) in _iteration_spans(records).items() if begin <= low and high <= end)
+
+
+def _iteration_spans(records: list[dict]) -> dict[int, tuple[float, float]]:
+    """Per iteration, from the first agent's start of compute to the last agent's end of
+    synchronisation (Unix times)."""
     spans: dict[int, tuple[float, float]] = {}
     for r in records:
-        low, high = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
-        first, last = spans.get(r["iteration"], (low, high))
-        spans[r["iteration"]] = (min(first, low), max(last, high))
-    return sorted(i for i, (low, high) in spans.items() if begin <= low and high <= end)
+        begin, end = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
+        low, high = spans.get(r["iteration"], (begin, end))
+        spans[r["iteration"]] = (min(low, begin), max(high, end))
+    return spans
 
 
 def _predicted_at(iteration: int, history: list[dict], predicted: float | None) -> float | None:
