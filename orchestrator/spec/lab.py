@@ -406,21 +406,29 @@ class LinksSpec(_Strict):
         if self.jitter > self.delay:
             raise ValueError("jitter must not exceed delay (netem draws delay ± jitter)")
         for index, override in enumerate(self.overrides):
-            if override.delay is not None and self.jitter > override.delay:
-                raise ValueError(f"overrides.{index}.delay: {_format_seconds(override.delay)} is less than the links' "
-                                 f"jitter {_format_seconds(self.jitter)} (netem draws delay ± jitter): raise it")
+            _delay_covers_jitter(f"overrides.{index}.delay", override.delay, self.jitter)
         return self
 
     @model_validator(mode="after")
     def _queue_fits_memory(self) -> "LinksSpec":
-        for where, queue in [("queue", self.queue)] + [(f"overrides.{i}.queue", o.queue)
-                                                       for i, o in enumerate(self.overrides) if o.queue]:
-            if queue * self.mtu > MAX_QUEUE_BYTES:
-                raise ValueError(
-                    f"{where}: {queue} × mtu {self.mtu} is more than the {_format_size(MAX_QUEUE_BYTES)} one "
-                    f"full queue may hold: lower it to at most {MAX_QUEUE_BYTES // self.mtu} at this mtu"
-                )
+        _queue_fits("queue", self.queue, self.mtu)
+        for index, override in enumerate(self.overrides):
+            _queue_fits(f"overrides.{index}.queue", override.queue, self.mtu)
         return self
+
+
+def _delay_covers_jitter(where: str, delay: float | None, jitter: float) -> None:
+    """A link's own delay against the lab's jitter: netem draws delay ± jitter."""
+    if delay is not None and jitter > delay:
+        raise ValueError(f"{where}: {_format_seconds(delay)} is less than the links' jitter {_format_seconds(jitter)} "
+                         "(netem draws delay ± jitter): raise it")
+
+
+def _queue_fits(where: str, queue: int | None, mtu: int) -> None:
+    """A queue (the lab's, or a link's own) against the memory one full queue may hold."""
+    if queue is not None and queue * mtu > MAX_QUEUE_BYTES:
+        raise ValueError(f"{where}: {queue} × mtu {mtu} is more than the {_format_size(MAX_QUEUE_BYTES)} one full "
+                         f"queue may hold: lower it to at most {MAX_QUEUE_BYTES // mtu} at this mtu")
 
 
 class ServersSpec(_Strict):
@@ -520,20 +528,19 @@ class LabSpec(_Strict):
     addressing: AddressingSpec = AddressingSpec()
 
     @property
+    def _graph_links(self) -> tuple:
+        return self.topology.links if self.topology.kind == "graph" else ()
+
+    @property
     def needs_netem(self) -> bool:
         """Whether any link is delayed, jittered or lossy (sch_netem): the links' own or a graph link's."""
-        return self.links.needs_netem or any(getattr(link, "delay", None) for link in getattr(self.topology, "links", ()))
+        return self.links.needs_netem or any(link.delay for link in self._graph_links)
 
     @model_validator(mode="after")
     def _graph_links_fit(self) -> "LabSpec":
-        for index, link in enumerate(getattr(self.topology, "links", ()) if self.topology.kind == "graph" else ()):
-            if link.delay is not None and self.links.jitter > link.delay:
-                raise ValueError(f"topology.links.{index}.delay: {_format_seconds(link.delay)} is less than the links' "
-                                 f"jitter {_format_seconds(self.links.jitter)} (netem draws delay ± jitter): raise it")
-            if link.queue is not None and link.queue * self.links.mtu > MAX_QUEUE_BYTES:
-                raise ValueError(f"topology.links.{index}.queue: {link.queue} × mtu {self.links.mtu} is more than the "
-                                 f"{_format_size(MAX_QUEUE_BYTES)} one full queue may hold: lower it to at most "
-                                 f"{MAX_QUEUE_BYTES // self.links.mtu} at this mtu")
+        for index, link in enumerate(self._graph_links):
+            _delay_covers_jitter(f"topology.links.{index}.delay", link.delay, self.links.jitter)
+            _queue_fits(f"topology.links.{index}.queue", link.queue, self.links.mtu)
         return self
 
     @model_validator(mode="after")
