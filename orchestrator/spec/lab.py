@@ -226,8 +226,9 @@ def _graph_link(value: Any) -> Any:
 
 
 class GraphSpec(_Strict):
-    """Any network (topology/graph.py): servers with one NIC each, l2 and l3 switches, links.
-    `file:` reads them from GraphML or networkx node-link JSON beside the lab file instead."""
+    """Any network (topology/graph.py): servers (one NIC per link; those under `relays`
+    forward), l2 and l3 switches, links. `file:` reads them from GraphML or networkx
+    node-link JSON beside the lab file instead (a server's `relay: true` lists it)."""
 
     kind: Literal["graph"]
     servers: tuple[NodeName, ...] = Field(min_length=1, max_length=4096, description=NODE_NAMES)
@@ -235,6 +236,8 @@ class GraphSpec(_Strict):
     l3: tuple[NodeName, ...] = Field((), max_length=MAX_GRAPH_NODES, description=NODE_NAMES)
     links: tuple[Annotated[GraphLinkSpec, BeforeValidator(_graph_link)], ...] = Field(
         min_length=1, max_length=MAX_GRAPH_LINKS, description="[a, b], a-b or {a, b, bandwidth, delay, queue}")
+    relays: tuple[NodeName, ...] = Field((), max_length=4096, description="servers that forward packets not "
+                                         "theirs (as BCube's); no other server does")
 
     @property
     def label(self) -> str:
@@ -261,7 +264,8 @@ class GraphSpec(_Strict):
         from orchestrator.topology import graph  # pure: the builder's own rules, said as one line
 
         try:
-            graph.check(list(self.servers), list(self.l2), list(self.l3), [(link.a, link.b) for link in self.links])
+            graph.check(list(self.servers), list(self.l2), list(self.l3), [(link.a, link.b) for link in self.links],
+                        self.relays)
         except TopologyError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -272,7 +276,8 @@ MAX_GRAPH_FILE_BYTES = 4 << 20
 
 def read_graph_file(directory: Path, name: Any) -> dict:
     """servers, l2, l3 and links of a GraphML (.graphml, .xml) or networkx node-link JSON
-    (.json) file: every node's `role` is server, l2 or l3; a link's optional `bandwidth`,
+    (.json) file: every node's `role` is server, l2 or l3 (a server's `relay: true` makes it
+    forward); a link's optional `bandwidth`,
     `delay` and `queue` are its own (e.g. 50Mbit, 2ms, 100). ValueError (one line) for anything else."""
     import json
 
@@ -310,11 +315,16 @@ def read_graph_file(directory: Path, name: Any) -> dict:
     except Exception as exc:  # the XML parser's own errors (ParseError, ExpatError)
         raise ValueError(f"file: {name}: not a graph this lab reads ({type(exc).__name__}: {exc})") from None
     roles: dict[str, list[str]] = {"server": [], "l2": [], "l3": []}
+    relays = []
     for node, attributes in graph.nodes(data=True):
         role = attributes.get("role")
         if role not in roles:
             raise ValueError(f"file: {name}: node {node} has role {role!r}: give each node role server, l2 or l3")
         roles[role].append(str(node))
+        if attributes.get("relay") not in (None, False, "false"):
+            if attributes.get("relay") not in (True, "true"):
+                raise ValueError(f"file: {name}: node {node} has relay {attributes.get('relay')!r}: give true or false")
+            relays.append(str(node))
     links = []
     for a, b, attributes in graph.edges(data=True):
         link = {"a": str(a), "b": str(b)}
@@ -322,7 +332,7 @@ def read_graph_file(directory: Path, name: Any) -> dict:
             if attributes.get(key) is not None:
                 link[key] = attributes[key]
         links.append(link)
-    return {"servers": roles["server"], "l2": roles["l2"], "l3": roles["l3"], "links": links}
+    return {"servers": roles["server"], "l2": roles["l2"], "l3": roles["l3"], "links": links, "relays": relays}
 
 
 # -- the lab-file model of each topology kind ----------------------------------------------------

@@ -112,7 +112,8 @@ class TopologyBuilder:
         hops = tuple(nexthops)
         if not hops:
             raise TopologyError(f"route to {prefix} on {node} has no next hop")
-        self.routes.setdefault(node, []).append(Route(ipaddress.IPv4Network(prefix), hops))
+        network = prefix if isinstance(prefix, ipaddress.IPv4Network) else ipaddress.IPv4Network(prefix)
+        self.routes.setdefault(node, []).append(Route(network, hops))
 
     def host_routes(self, src: str, dsts: Iterable[str], first_hop: Callable[[str], NextHop]) -> list[Route]:
         """Routes of a relaying server: a /32 to every address of every other server in

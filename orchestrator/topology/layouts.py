@@ -259,7 +259,8 @@ def graph(t: Topology) -> Layout:
     edges = []
     for link in t.links:
         a, b = link.nodes()
-        kind = "server–switch" if t.nodes[a].is_server or t.nodes[b].is_server else "switch–switch"
+        servers = t.nodes[a].is_server + t.nodes[b].is_server
+        kind = ("switch–switch", "server–switch", "server–server")[servers]
         (xa, ya), (xb, yb) = pos[a], pos[b]
         hidden = ya == yb and any(y == ya and min(xa, xb) < x < max(xa, xb) for x, y in pos.values())
         bulge = 0.15 * abs(xb - xa) if hidden else 0.0  # arc over the nodes a straight line would cross

@@ -78,9 +78,12 @@ MALFORMED = {
                        "node a is listed twice (server and l2)"),
     "server without a link": ({"servers": ["a", "b"], "l2": ["s"], "links": [["a", "s"]]},
                               "server b has no link: wire it to a switch"),
-    "server with two links": ({"servers": ["a"], "l2": ["s", "t"], "links": [["a", "s"], ["a", "t"]]},
-                              "server a has 2 links"),
-    "servers wired together": ({"servers": ["a", "b"], "links": [["a", "b"]]}, "link a-b joins two servers"),
+    "two NICs on one segment": ({"servers": ["a"], "l2": ["s", "t"], "links": [["a", "s"], ["a", "t"], ["s", "t"]]},
+                                "server a has 2 ports on the l2 segment of"),
+    "servers wired together": ({"servers": ["a", "b"], "links": [["a", "b"]]},
+                               "link a-b joins two servers and neither relays"),
+    "relay not a server": ({"servers": ["a"], "l2": ["s"], "links": [["a", "s"]], "relays": ["s"]},
+                           "relays: s is no server of the graph"),
     "l2 loop": ({"servers": ["a"], "l2": ["s", "t", "u"], "links": [["a", "s"], ["s", "t"], ["t", "u"], ["u", "s"]]},
                 "closes a loop of l2 switches"),
     "link twice": ({"servers": ["a"], "l2": ["s"], "links": [["a", "s"], ["s", "a"]]}, "is listed twice"),
@@ -97,8 +100,12 @@ def test_a_malformed_graph_is_refused_in_one_line(tmp_path, case):
 
 
 @pytest.mark.parametrize("graph, expected", [
-    ({"servers": ["a", "b"], "l2": ["s", "t"], "links": [["a", "s"], ["b", "t"]]}, "no l3 switch"),
-    ({"servers": ["a", "b"], "l3": ["r", "q"], "links": [["a", "r"], ["b", "q"]]}, "has no path to"),
+    ({"servers": ["a", "b"], "l2": ["s", "t"], "links": [["a", "s"], ["b", "t"]]},
+     "server a cannot reach b: no l3 switch or relay forwards between their LANs"),
+    ({"servers": ["a", "b"], "l3": ["r", "q"], "links": [["a", "r"], ["b", "q"]]}, "server a cannot reach b"),
+    # c is on both LANs but does not relay: a and b still cannot meet through it
+    ({"servers": ["a", "b", "c"], "l2": ["s", "t"], "links": [["a", "s"], ["c", "s"], ["c", "t"], ["b", "t"]]},
+     "server a cannot reach b"),
     ({"servers": ["a", "b"], "l2": ["s"], "l3": ["r", "q"], "links": [["a", "s"], ["b", "s"], ["s", "r"], ["s", "q"]]},
      "has 2 l3 switches"),
 ])
@@ -147,3 +154,59 @@ def test_a_graph_file_stays_beside_its_lab_file(tmp_path):
                            (str(tmp_path / "net.json"), "absolute path")):
         with pytest.raises(SpecError, match=expected):
             validate(LabSpec, {"name": "g", "topology": {"kind": "graph", "file": name}}, str(inside / "lab.yaml"))
+
+
+DRAWN_BCUBE = ROOT / "topologies" / "bcube-3-1-drawn.yaml"
+
+
+def test_servers_relay_where_the_file_says_so_and_nowhere_else(tmp_path):
+    topology = topology_lib.from_lab(load_lab(DRAWN_BCUBE))
+    servers = [s.name for s in topology.servers]
+    assert all(topology.nodes[s].forwards for s in servers) and all_pairs_routed(topology)
+    assert [len(topology.nodes[s].data_nics()) for s in servers] == [2] * 9
+    # to h11's primary NIC (level 0, group 1): over level 1 to h10, which relays it
+    assert topology.path("h00", "h11") == ["h00", "s1_0", "h10", "s0_1", "h11"]
+    relays_on_the_way = {len([n for n in topology.path(a, b)[1:-1] if n in servers])
+                         for a, b in itertools.permutations(servers, 2)}
+    assert relays_on_the_way == {0, 1}
+    # without `relays:` nothing joins the levels: refused when the file is read
+    text = DRAWN_BCUBE.read_text()
+    (tmp_path / "lab.yaml").write_text("\n".join(line for line in text.splitlines() if "relays:" not in line))
+    with pytest.raises(SpecError, match="server h00 cannot reach h10: no l3 switch or relay forwards"):
+        load_lab(tmp_path / "lab.yaml")
+
+
+def test_a_dual_homed_server_that_does_not_relay_is_on_no_path_and_sends_over_both_nics():
+    topology = topology_lib.from_lab(graph_lab({
+        "servers": ["a", "b", "c", "d"], "l3": ["r1", "r2", "r3"],
+        "links": [["d", "r1"], ["a", "r1"], ["b", "r2"], ["c", "r3"], ["d", "r2"], ["r1", "r3"], ["r2", "r3"]]}))
+    assert all_pairs_routed(topology)
+    assert not topology.nodes["d"].forwards
+    assert all("d" not in topology.path(x, y) for x, y in itertools.permutations("abc", 2))
+    assert topology.path("a", "b") == ["a", "r1", "r3", "r2", "b"]  # not the shorter way through d
+    hops = topology.lookup("d", topology.address_of("c"))
+    assert sorted(hop.dev for hop in hops) == ["d-eth0", "d-eth1"]  # ECMP over its own two NICs
+    assert topology.address_of("d") in topology.nodes["d"].interfaces["d-eth0"].address.network  # first link
+
+
+def test_a_wire_between_two_servers_carries_what_the_relay_forwards(tmp_path):
+    from orchestrator.cost.routes import Routes
+
+    graph = {"directed": False, "multigraph": False, "graph": {},
+             "nodes": [{"id": "a", "role": "server", "relay": True}, {"id": "b", "role": "server"},
+                       {"id": "c", "role": "server"}, {"id": "s", "role": "l2"}],
+             "links": [{"source": "a", "target": "s"}, {"source": "c", "target": "s"},
+                       {"source": "a", "target": "b", "bandwidth": "40Mbit"}]}
+    (tmp_path / "wire.json").write_text(json.dumps(graph))
+    (tmp_path / "lab.yaml").write_text("name: g\ntopology: {kind: graph, file: wire.json}\n")
+    topology = topology_lib.from_lab(load_lab(tmp_path / "lab.yaml"))
+    assert topology.facts["relays"] == ["a"] and all_pairs_routed(topology)
+    assert topology.path("c", "b") == ["c", "s", "a", "b"]
+    routes = Routes(topology)
+    used = {str(routes.directions[index]) for index, _ in routes.usage("c", "b")[0]}
+    assert used == {"c→s", "s→a", "a→b"}
+    assert topology.rate_of("a", "b", 1e8) == 40e6
+    graph["nodes"][0]["relay"] = "yes"
+    (tmp_path / "wire.json").write_text(json.dumps(graph))
+    with pytest.raises(SpecError, match="node a has relay 'yes': give true or false"):
+        load_lab(tmp_path / "lab.yaml")
