@@ -6,6 +6,7 @@ bad file); anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -88,6 +89,7 @@ def topology(
     all_paths: bool = typer.Option(False, "--all-paths", help="with --route: every ECMP path"),
     png: Optional[Path] = typer.Option(None, "--png", help="draw the topology into this PNG file"),
     plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="a hosts file: how the lab would be split over them"),
 ) -> None:
     """Describe a lab's network: counts, diameter, NICs; JSON, routes and pictures."""
     from orchestrator import topology as topo_lib
@@ -99,7 +101,9 @@ def topology(
         raise BadUsage(f"--png {png}: directory {png.parent} does not exist: create it or pick another path")
     spec = lab_from_argument(lab)
     topo = topo_lib.from_lab(spec)
-    if route:
+    if hosts is not None:
+        _print_placement(spec, topo, hosts, as_json)
+    elif route:
         _print_route(topo, route, all_paths, as_json)
     elif as_json:
         print(json.dumps(to_json(topo, with_routes=routes), indent=1))
@@ -122,6 +126,37 @@ def topology(
 
 def _params(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _print_placement(spec, topo, path: Path, as_json: bool) -> None:
+    """Which host each node would live on, and what crosses between hosts (topology/partition.py)."""
+    from orchestrator.errors import TopologyError
+    from orchestrator.spec import load
+    from orchestrator.spec.hosts import HostsSpec
+    from orchestrator.topology.partition import check_underlay, place
+    from orchestrator.units import format_rate
+
+    listed = load(HostsSpec, path)
+    try:
+        placement = place(topo, [host.host() for host in listed.hosts], default_bps=spec.links.bandwidth)
+        shares = check_underlay(topo, placement, spec.links.bandwidth, spec.links.mtu)
+    except TopologyError as exc:
+        raise TopologyError(f"{path}: {exc}") from None
+    if as_json:
+        print(json.dumps({"method": placement.method, "host_of": dict(placement.host_of),
+                          "hosts": [dataclasses.asdict(share) for share in shares],
+                          "crossing": [[link.a.node, link.b.node] for link in placement.crossing(topo)]}, indent=1))
+        return
+    nic = {host.name: host.nic for host in listed.hosts}
+    table = Table(title=f"{spec.name} over {len(shares)} hosts ({placement.method})")
+    for column in ("host", "servers", "switches", "crossing links", "at most out / in", "NIC"):
+        table.add_column(column, justify="left" if column == "host" else "right", no_wrap=True)
+    for share in shares:
+        table.add_row(share.host, str(share.servers), str(share.switches), str(share.crossing),
+                      f"{format_rate(float(f'{share.out_bps:.3g}'))} / {format_rate(float(f'{share.in_bps:.3g}'))}",
+                      format_rate(nic[share.host]) if nic[share.host] else "?")
+    out.print(table)
+    err.print("at most: every crossing link busy at its rate, with VXLAN's 50 bytes a packet")
 
 
 def _print_route(topo, route: tuple[str, str], all_paths: bool, as_json: bool) -> None:

@@ -26,7 +26,7 @@ from orchestrator.topology.kinds import KINDS, TopologyKind, register_kind
 
 def register_topology(spec: type, build: Callable, *, title: str = "", layout: Callable | None = None,
                       nic_addresses: Callable | None = None, groups: Callable | None = None,
-                      shorthand: tuple[str, ...] | None = None) -> TopologyKind:
+                      shorthand: tuple[str, ...] | None = None, blocks: Callable | None = None) -> TopologyKind:
     """Register a topology kind: `spec` (a pydantic model with `kind: Literal["name"]`) is what
     lab files write; `build(spec, data, links) -> Topology` makes it (topology/kinds.py says
     what the other parts are). `shorthand` defaults to the model's whole-number fields, in
@@ -40,7 +40,8 @@ def register_topology(spec: type, build: Callable, *, title: str = "", layout: C
         raise SpecError(f"topology kind {name} is registered already ({owner}): pick another name")
     if shorthand is None:
         shorthand = _whole_number_fields(spec)
-    record = register_kind(TopologyKind(name, build, tuple(shorthand), title, layout, nic_addresses, groups))
+    record = register_kind(TopologyKind(name, build, tuple(shorthand), title, layout, nic_addresses, groups,
+                                         blocks))
     lab.TOPOLOGY_SPECS[name] = spec
     try:
         _rebuild()

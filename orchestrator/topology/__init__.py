@@ -11,7 +11,7 @@ import ipaddress
 
 # Only the standard library below this package: Mininet's `mn` loads it with Debian's Python.
 from orchestrator.errors import TopologyError
-from orchestrator.topology import bcube, fattree, graph, groups, layouts, switched, torus
+from orchestrator.topology import bcube, blocks, fattree, graph, groups, layouts, switched, torus
 from orchestrator.topology.kinds import KINDS, TopologyKind, kind_of, register_kind
 from orchestrator.topology.model import (
     Endpoint,
@@ -34,17 +34,17 @@ __all__ = [
 # pairs each with its lab-file model).
 for _kind in (
     TopologyKind("bcube", lambda spec, data, links: bcube.build(spec.n, spec.k, data, links), ("n", "k"),
-                 "BCube", layouts.bcube, bcube.nic_addresses, groups.bcube),
+                 "BCube", layouts.bcube, bcube.nic_addresses, groups.bcube, blocks.bcube),
     TopologyKind("fattree", lambda spec, data, links: fattree.build(spec.k, data, links), ("k",),
-                 "Fat-Tree", layouts.fattree, None, groups.by_attr("pod", "pod")),
+                 "Fat-Tree", layouts.fattree, None, groups.by_attr("pod", "pod"), blocks.by_attr("pod")),
     TopologyKind("torus", lambda spec, data, links: torus.build(spec.k, spec.d, data, links), ("k", "d"),
-                 "Torus", layouts.torus, torus.nic_addresses, groups.torus),
+                 "Torus", layouts.torus, torus.nic_addresses, groups.torus, blocks.torus),
     TopologyKind("bigraph", lambda spec, data, links: switched.build_bigraph(
         spec.switches, spec.servers_per_switch, data, links), ("switches", "servers_per_switch"),
-                 "BiGraph", layouts.bigraph, None, groups.bigraph),
+                 "BiGraph", layouts.bigraph, None, groups.bigraph, blocks.by_switch),
     TopologyKind("leafspine", lambda spec, data, links: switched.build_leafspine(
         spec.leaves, spec.spines, spec.servers_per_leaf, data, links), ("leaves", "spines", "servers_per_leaf"),
-                 "Leaf-spine", layouts.leafspine, None, groups.by_attr("switch")),
+                 "Leaf-spine", layouts.leafspine, None, groups.by_attr("switch"), blocks.by_switch),
     TopologyKind("star", lambda spec, data, links: switched.build_star(spec.servers, data, links), ("servers",),
                  "Star", layouts.star, None, groups.none),
     TopologyKind("graph", graph.from_spec, (), "Graph", layouts.graph, None, groups.none),

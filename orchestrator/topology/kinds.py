@@ -34,6 +34,8 @@ class TopologyKind:
         a sender's NIC of that index reaches directly (None: one NIC per server, every transfer
         goes to the primary address).
     groups(topology) -> {group: servers}: structure groups for inventories (topology.groups).
+    blocks(topology) -> [[node, …], …]: nodes that should share a host when a lab spans several,
+        neighbouring blocks near in the network (topology.blocks; None: cut as a graph).
     """
 
     name: str
@@ -43,6 +45,7 @@ class TopologyKind:
     layout: Callable[[Topology], Any] | None = None
     nic_addresses: Callable[[Topology, str], dict[int, Address]] | None = None
     groups: Callable[[Topology], dict[str, list[str]]] | None = None
+    blocks: Callable[[Topology], list[list[str]]] | None = None
     origin: str = ""  # where it was registered from: "built-in", or a plugin's file
 
 
