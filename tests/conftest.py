@@ -1,7 +1,8 @@
-"""Test tiers: unit (pure) · netns (root) · docker (root + engine) · vm (a full kernel in qemu).
+"""Test tiers: unit (pure) · netns (root) · hosts (root: several hosts faked as namespaces on
+an underlay bridge) · docker (root + engine) · vm (a full kernel in qemu).
 
 A tier that cannot run here is skipped with its reason, which `-rs` prints. Tests under
-tests/netns, tests/docker and tests/vm get their tier marker from their directory.
+tests/netns, tests/hosts, tests/docker and tests/vm get their tier marker from their directory.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def _docker_reason() -> str | None:
     return None
 
 
+def _hosts_reason() -> str | None:
+    reason = _root_reason()
+    return reason.replace("netns", "hosts") if reason else None
+
+
 def _vm_reason() -> str | None:
     reason = _root_reason()
     if reason:
@@ -46,7 +52,7 @@ def _vm_reason() -> str | None:
     return None
 
 
-TIERS = {"netns": _root_reason, "docker": _docker_reason, "vm": _vm_reason}
+TIERS = {"netns": _root_reason, "hosts": _hosts_reason, "docker": _docker_reason, "vm": _vm_reason}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -741,6 +741,22 @@ def add_veth(
     nl.request(None, veth_message(main, peer), f"create link {a_if}–{b_if}")
 
 
+VXLAN_PORT = 4789  # IANA's
+
+
+def add_vxlan(
+    nl: Netlink, host_ns: str | None, ifname: str, vni: int, local: ipaddress.IPv4Address,
+    remote: ipaddress.IPv4Address, node_ns: str, txqlen: int, mtu: int, port: int = VXLAN_PORT,
+) -> None:
+    """One end of a wire between hosts: a VXLAN device made from the host's namespace
+    (`host_ns`, None: this one), where its UDP socket stays on the underlay, and created
+    straight inside the node's namespace, so the node sees a plain NIC. Unicast to `remote`,
+    no learning: every frame goes to the other end, as on a veth."""
+    _netlink(f"create wire {ifname} (VNI {vni})", lambda: nl[host_ns].link(
+        "add", ifname=ifname, kind="vxlan", vxlan_id=vni, vxlan_local=str(local), vxlan_group=str(remote),
+        vxlan_port=port, vxlan_learning=0, vxlan_ttl=64, txqlen=txqlen, mtu=mtu, net_ns_fd=nl.ns_fd(node_ns)))
+
+
 def set_up(nl: Netlink, ns: str | None, ifname: str) -> None:
     """Bring an interface up: by index when known, else by name, which the kernel resolves
     (a lookup first costs 1.7 ms of decoding here, the request by name 0.8 ms)."""

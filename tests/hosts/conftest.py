@@ -1,0 +1,4 @@
+"""The hosts tier: several hosts faked as namespaces on an underlay bridge
+(orchestrator/hosts/fake.py). Like the netns tier, it ends with a check that nothing is left."""
+
+from tests.netns.conftest import leaves_no_trace  # noqa: F401 - the session-wide check
