@@ -7,34 +7,69 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 from orchestrator.emulation import kernel
+from orchestrator.errors import EmulationError
 
-UNDERLAY = ipaddress.IPv4Network("192.0.2.0/24")  # TEST-NET-1: never routed anywhere
+# The underlay is a free /24 of the benchmarking range (RFC 2544), from its top down (lab
+# management networks are chosen from its bottom up): none of this machine's networks.
+UNDERLAY_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
+
+
+def free_underlay() -> ipaddress.IPv4Network:
+    taken = [network for network, _ in kernel.root_networks_on()]
+    for subnet in reversed(list(UNDERLAY_RANGE.subnets(new_prefix=24))):
+        if not any(subnet.overlaps(network) for network in taken):
+            return subnet
+    raise EmulationError(f"no /24 of {UNDERLAY_RANGE} is free on this machine for fake hosts' underlay")
 
 
 @dataclass(frozen=True)
 class FakeHosts:
     prefix: str
     names: tuple[str, ...]
+    subnet: ipaddress.IPv4Network
 
     def namespace(self, host: str) -> str:
         return f"{self.prefix}-{host}"
 
     def address(self, host: str) -> ipaddress.IPv4Address:
-        return UNDERLAY.network_address + 1 + self.names.index(host)
+        return self.subnet.network_address + 1 + self.names.index(host)
+
+    @property
+    def orchestrator(self) -> ipaddress.IPv4Address:
+        """This machine's own end of the underlay (where the engine's scheduler listens)."""
+        return self.subnet.broadcast_address - 1
 
     @property
     def underlay(self) -> dict[str, ipaddress.IPv4Address]:
         return {host: self.address(host) for host in self.names}
 
+    def start(self, host: str, argv: list[str], log: Path) -> subprocess.Popen:
+        """A process on `host` (in its namespace), its output to `log`."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(kernel.in_netns(self.namespace(host)) + argv, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def underlay_addresses() -> list[str]:
+    """The IPv4 addresses where the caller runs: which host a task landed on."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return sorted(a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=2))
+
 
 @contextlib.contextmanager
-def fake_hosts(prefix: str, names: list[str], mtu: int = 9000) -> Iterator[FakeHosts]:
-    """Namespaces `<prefix>-<host>` joined by a bridge in `<prefix>-ul`, underlay MTU `mtu`."""
-    hosts = FakeHosts(prefix, tuple(names))
+def fake_hosts(prefix: str, names: list[str], mtu: int = 9000, orchestrator: bool = False) -> Iterator[FakeHosts]:
+    """Namespaces `<prefix>-<host>` joined by a bridge in `<prefix>-ul`, underlay MTU `mtu`.
+    `orchestrator`: this machine joins the underlay too, at `hosts.orchestrator`, by a veth
+    `<prefix>-o` (where the engine's scheduler listens)."""
+    hosts = FakeHosts(prefix, tuple(names), free_underlay())
     bridge_ns = f"{prefix}-ul"
     spaces = [bridge_ns, *(hosts.namespace(h) for h in names)]
     kernel.create_namespaces(spaces)
@@ -50,8 +85,17 @@ def fake_hosts(prefix: str, names: list[str], mtu: int = 9000) -> Iterator[FakeH
                 kernel.set_up(nl, bridge_ns, port)
                 kernel.set_up(nl, hosts.namespace(host), "lo")
                 kernel.add_address(nl, hosts.namespace(host), "ul0",
-                                   ipaddress.IPv4Interface(f"{hosts.address(host)}/{UNDERLAY.prefixlen}"))
+                                   ipaddress.IPv4Interface(f"{hosts.address(host)}/{hosts.subnet.prefixlen}"))
+            if orchestrator:
+                kernel.add_veth(nl, None, f"{prefix}-o", bridge_ns, "po", 1000, mtu=mtu)
+                kernel.enslave(nl, bridge_ns, "po", "ul")
+                kernel.set_up(nl, bridge_ns, "po")
+                kernel.add_address(nl, None, f"{prefix}-o",
+                                   ipaddress.IPv4Interface(f"{hosts.orchestrator}/{hosts.subnet.prefixlen}"))
         yield hosts
     finally:
+        if orchestrator:  # at once: a namespace's links go only when the kernel gets round to it
+            with kernel.Netlink() as nl:
+                kernel.delete_link(nl, None, f"{prefix}-o")
         for space in spaces:
             kernel.delete_namespace(space)
