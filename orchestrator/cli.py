@@ -138,7 +138,7 @@ def _print_placement(spec, topo, path: Path, as_json: bool) -> None:
 
     listed = load(HostsSpec, path)
     try:
-        placement = place(topo, [host.host() for host in listed.hosts], default_bps=spec.links.bandwidth)
+        placement = place(topo, _hosts(path), default_bps=spec.links.bandwidth)
         shares = check_underlay(topo, placement, spec.links.bandwidth, spec.links.mtu)
     except TopologyError as exc:
         raise TopologyError(f"{path}: {exc}") from None
@@ -536,6 +536,8 @@ def predict(
     transport: str = typer.Option("tcp", help="the agents' transport (tcp, grpc): its chunks and CPU cost"),
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
     plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="a hosts file: the lab split over them, their "
+                                         "NICs shared by what crosses"),
 ) -> None:
     """Predict an allreduce's time on a lab from the schedule the agents would run (no root),
     and, once `testbed calibrate` has run, the CPU it needs of this machine."""
@@ -563,11 +565,11 @@ def predict(
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
         efficiency=efficiency, latency=alpha, cores=cores,
-        send_buffer_bytes=chosen.send_buffer,
+        send_buffer_bytes=chosen.send_buffer, hosts=_hosts(hosts),
     )
     if note and not as_json:  # once the prediction stands: bad input stays one line
         err.print(Text(note), highlight=False, soft_wrap=True)
-    cpu = _cpu_need(report.prediction, spec, transport)
+    cpu = _cpu_need(report.prediction, spec, transport) if hosts is None else None  # this machine's: not a split's
     if as_json:
         document = report.to_json()
         document["latency"] = {"alpha_s": alpha, "cores": cores, "source": "given" if latency != "measured" else
@@ -581,6 +583,16 @@ def predict(
         if cpu is not None:
             out.print(Text(cpu if isinstance(cpu, str) else calibrate_lib().describe(cpu)), highlight=False,
                       soft_wrap=True)
+
+
+def _hosts(path: Optional[Path]) -> list | None:
+    """The hosts of a hosts file (spec/hosts.py), as topology.partition takes them."""
+    if path is None:
+        return None
+    from orchestrator.spec import load
+    from orchestrator.spec.hosts import HostsSpec
+
+    return [host.host() for host in load(HostsSpec, path).hosts]
 
 
 def _measured_latency(spec, transport: str) -> tuple[float, int | None, str | None]:

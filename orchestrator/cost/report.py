@@ -17,8 +17,10 @@ from orchestrator.cost.closed_forms import Form, closed_form
 from orchestrator.cost.compiled import CompiledRun, over_servers
 from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules
+from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, DEFAULT_SEND_BUFFER_BYTES
 from orchestrator.errors import BadUsage
+from orchestrator.topology.partition import check_mtu, place
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,11 @@ def predict_lab(
     latency: float = 0.0,
     cores: int | None = None,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+    hosts: list | None = None,
 ) -> Report:
-    """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run."""
+    """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run.
+    `hosts` (topology.partition.Host): the lab split over them, each host's NIC a shared
+    resource of the model where its rate is known."""
     if algorithm not in registry.ALGORITHMS:
         raise BadUsage(f"unknown algorithm {algorithm!r}: choose one of {', '.join(sorted(registry.ALGORITHMS))}")
     try:
@@ -96,8 +101,14 @@ def predict_lab(
         return over_servers(topology, algorithm, size_bytes, workers, options, partition, credit_bytes=credit_bytes,
                             chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes)
 
+    routes = None
+    if hosts:
+        placement = place(topology, hosts, default_bps=lab.links.bandwidth)
+        check_mtu(placement, lab.links.mtu)
+        routes = Routes(topology, underlay=placement.underlay(lab.links.mtu))
     try:
-        run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores), topology)
+        run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores), topology,
+                                                  routes=routes)
         whole = compiled(None).schedules if partition_bytes else run.schedules
         form = closed_form(whole[0][1], topology) if whole else None
     except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers

@@ -23,6 +23,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from orchestrator.topology import Topology, kinds
+from orchestrator.topology.partition import Underlay
 
 Address = ipaddress.IPv4Address
 
@@ -57,7 +58,7 @@ class Routes:
     """Link usage of connections over one topology, computed once per (source, address).
     `pinned` paths, where given, replace the routing tables' spread."""
 
-    def __init__(self, topology: Topology, pinned: Pinned | None = None) -> None:
+    def __init__(self, topology: Topology, pinned: Pinned | None = None, underlay: Underlay | None = None) -> None:
         self.topology = topology
         self.pinned = dict(pinned or {})
         self.directions: list[LinkDirection] = []
@@ -71,12 +72,37 @@ class Routes:
                 self.directions.append(LinkDirection(*pair))
         self._usage: dict[tuple[str, Address], tuple[Usage, float]] = {}
         self._addresses: dict[tuple[str, int | None], Address] = {}
+        self.underlay = underlay
+        self._nics: dict[int, float] = {}  # a host NIC's direction → its bits/s
+        self._crossing: dict[int, tuple[int, ...]] = {}  # a link direction between hosts → the NICs it crosses
+        if underlay is not None:
+            self._add_nics(underlay)
+
+    def _add_nics(self, underlay: Underlay) -> None:
+        """Each host NIC of known rate, out and in, as one more shared direction (`host⇢underlay`)."""
+        out, into = {}, {}
+        for host, bps in underlay.nic_bps.items():
+            for side, pair in ((out, (f"{host} NIC", "underlay")), (into, ("underlay", f"{host} NIC"))):
+                side[host] = len(self.directions)
+                self._nics[len(self.directions)] = bps
+                self.directions.append(LinkDirection(*pair))
+        for (a, b), index in self._index.items():
+            here, there = underlay.host_of[a], underlay.host_of[b]
+            if here != there:
+                self._crossing[index] = tuple(i for i in (out.get(here), into.get(there)) if i is not None)
 
     def capacities(self, network) -> list[float]:
         """Payload bytes/s of every link direction, by index: its own rate (the topology's
-        `rates`, from links.overrides) or the network's, times the payload share."""
+        `rates`, from links.overrides) or the network's, times the payload share; a host NIC's
+        rate times the payload share and VXLAN's."""
         rates = self.topology.rates
-        return [rates.get((d.src, d.dst), network.bandwidth) / 8 * network.efficiency for d in self.directions]
+        out = []
+        for index, d in enumerate(self.directions):
+            if index in self._nics:
+                out.append(self._nics[index] / 8 * network.efficiency * self.underlay.payload_share)
+            else:
+                out.append(rates.get((d.src, d.dst), network.bandwidth) / 8 * network.efficiency)
+        return out
 
     def address(self, dst: str, nic: int | None = None) -> Address:
         """The address of server `dst` a transfer leaving by `nic` goes to."""
@@ -103,7 +129,7 @@ class Routes:
                 links = sorted({self._index[(a, b)] for a, b in zip(pinned, pinned[1:])})
             except KeyError:
                 raise ValueError(f"the path {pinned} from {src} to {address} crosses no link of the topology") from None
-            return tuple((link, 1.0) for link in links), float(len(pinned) - 1)
+            return self._over_nics({link: 1.0 for link in links}), float(len(pinned) - 1)
         shares: dict[int, float] = {}
         hops = 0.0
         for path in self.topology.layered_paths(src, address):
@@ -115,4 +141,11 @@ class Routes:
                 index = self._index[(a[0], b[0])]
                 shares[index] = shares.get(index, 0.0) + weight
             hops += weight * (len(path) - 1)
-        return tuple(sorted(shares.items())), hops
+        return self._over_nics(shares), hops
+
+    def _over_nics(self, shares: dict[int, float]) -> Usage:
+        """The usage, with the host NICs its links between hosts cross."""
+        for index, weight in list(shares.items()):
+            for nic in self._crossing.get(index, ()):
+                shares[nic] = shares.get(nic, 0.0) + weight
+        return tuple(sorted(shares.items()))

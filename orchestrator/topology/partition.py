@@ -53,10 +53,28 @@ class HostShare:
 
 
 @dataclass(frozen=True)
+class Underlay:
+    """What the cost model needs of a split lab: where each node is, and the rate of each host's
+    NIC where it is known. Every link that crosses hosts also crosses the sender's NIC out and
+    the receiver's NIC in, whose payload is the lab's packets less VXLAN's 50 bytes each."""
+
+    host_of: Mapping[str, str]
+    nic_bps: Mapping[str, float]  # only hosts whose NIC rate is known
+    mtu: int  # the lab's
+
+    @property
+    def payload_share(self) -> float:
+        return self.mtu / (self.mtu + VXLAN_OVERHEAD)
+
+
+@dataclass(frozen=True)
 class Placement:
     hosts: tuple[Host, ...]
     host_of: Mapping[str, str]  # every node → its host's name
     method: str  # how it was made: "blocks" or "kernighan-lin"
+
+    def underlay(self, mtu: int) -> Underlay:
+        return Underlay(self.host_of, {h.name: h.nic_bps for h in self.hosts if h.nic_bps is not None}, mtu)
 
     def crossing(self, topology: Topology) -> list[Link]:
         """Links whose two ends are on different hosts: each one VXLAN wire."""
@@ -100,14 +118,19 @@ def place(topology: Topology, hosts: list[Host], weights: Mapping[tuple[str, str
     return Placement(tuple(hosts), _kernighan_lin(topology, hosts, weight), "kernighan-lin")
 
 
-def check_underlay(topology: Topology, placement: Placement, default_bps: float, mtu: int) -> list[HostShare]:
-    """Each host's share; TopologyError (one line) when a host's underlay MTU cannot carry the
-    lab's packets in VXLAN, or what may cross to other hosts at the lab's rates exceeds its NIC."""
+def check_mtu(placement: Placement, mtu: int) -> None:
+    """TopologyError (one line) when a host's underlay MTU cannot carry the lab's packets in VXLAN."""
     for host in placement.hosts:
         if host.mtu < mtu + VXLAN_OVERHEAD:
             raise TopologyError(f"host {host.name}: mtu {host.mtu} (the underlay's) is below the lab's links.mtu "
                                 f"{mtu} + {VXLAN_OVERHEAD} bytes of VXLAN: give the underlay's real MTU (e.g. 9000) "
                                 f"or lower links.mtu to {host.mtu - VXLAN_OVERHEAD}")
+
+
+def check_underlay(topology: Topology, placement: Placement, default_bps: float, mtu: int) -> list[HostShare]:
+    """Each host's share; TopologyError (one line) when a host's underlay MTU cannot carry the
+    lab's packets in VXLAN, or what may cross to other hosts at the lab's rates exceeds its NIC."""
+    check_mtu(placement, mtu)
     shares = placement.shares(topology, default_bps, mtu)
     nic = {host.name: host.nic_bps for host in placement.hosts}
     for share in shares:

@@ -179,7 +179,9 @@ def test_a_paused_server_is_dropped_within_seconds_and_thawed_it_rejoins(request
     rejoined(job.result(), victim, "has not answered")
 
 
-PARTITIONS = [("bcube", "h31"), ("fattree", "p3e0h1")]
+# bcube only: the partition's mechanism is the lab's, whatever the kind, and each case takes
+# ~85 s of CI (crash and pause run on both labs)
+PARTITIONS = [("bcube", "h31")]
 
 
 @pytest.mark.parametrize("labname,victim", PARTITIONS, ids=[p[0] for p in PARTITIONS])

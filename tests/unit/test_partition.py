@@ -118,3 +118,48 @@ def test_testbed_topology_hosts_prints_the_split_and_refuses_bad_hosts_files(tmp
         (tmp_path / "hosts.yaml").write_text(text)
         done, _ = run_testbed("topology", "bcube,4,1", "--hosts", "hosts.yaml", cwd=tmp_path)
         assert expected in refused(done, "hosts.yaml")
+
+
+# -- the model sees the underlay ----------------------------------------------------------------
+def predicted(argument: str, hosts_=None, algorithm: str = "mesh"):
+    from orchestrator.cost.report import predict_lab
+
+    return predict_lab(lab_from_argument(argument), algorithm, 25 << 20, hosts=hosts_).prediction
+
+
+def test_a_host_nic_that_binds_is_predicted_as_the_bottleneck():
+    alone = predicted("fattree,4")
+    wide = predicted("fattree,4", hosts(2, nic_bps=100e9, mtu=9000))
+    assert wide.per_run == pytest.approx(alone.per_run)  # a NIC that never binds changes nothing
+    narrow = predicted("fattree,4", hosts(2, nic_bps=1e9, mtu=9000))
+    assert narrow.per_run > 3 * alone.per_run
+    assert {load.link for load in narrow.bottlenecks()} == {"h0 NIC→underlay", "underlay→h0 NIC",
+                                                            "h1 NIC→underlay", "underlay→h1 NIC"}
+    # what crosses h0's NIC out is what its links to h1's nodes carry (the hairpins through
+    # a core on the other host twice): the model's own link bytes, summed here by hand
+    topology = lab("fattree,4")
+    placement = place(topology, hosts(2))
+    by_link = narrow.link_bytes
+    out_of_h0 = sum(by_link.get(f"{a}→{b}", 0.0) for link in placement.crossing(topology)
+                    for a, b in (link.nodes(), link.nodes()[::-1])
+                    if placement.host_of[a] == "h0")
+    assert by_link["h0 NIC→underlay"] == pytest.approx(out_of_h0)
+    assert out_of_h0 > 64 * 2 * (25 << 20) / 16  # more than the 64 pairs that cross once: hairpins
+
+
+def test_pinned_paths_cross_the_nics_too():
+    from orchestrator.cost.routes import Routes
+
+    topology = lab("bcube,2,1")
+    placement = place(topology, hosts(2, nic_bps=1e9, mtu=9000))
+    routes = Routes(topology, pinned={("h00", topology.address_of("h11")): topology.path("h00", "h11")},
+                    underlay=placement.underlay(1500))
+    names = {str(routes.directions[i]) for i, _ in routes.usage("h00", "h11")[0]}
+    here, there = placement.host_of["h00"], placement.host_of["h11"]
+    assert here != there and {f"{here} NIC→underlay", f"underlay→{there} NIC"} <= names
+
+
+def test_predict_with_hosts_refuses_an_underlay_mtu_in_one_line(tmp_path):
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    done, _ = run_testbed("predict", "fattree,4", "-a", "ring", "--hosts", "hosts.yaml", cwd=tmp_path)
+    assert "host a: mtu 1500 (the underlay's) is below the lab's links.mtu 1500 + 50" in refused(done, "")
