@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from orchestrator import plugins
 from orchestrator.emulation import cleanup
 from orchestrator.topology import KINDS
-from tests.netns.probes import unreachable_pairs
+from tests.netns.probes import runs_as_predicted, unreachable_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = [sys.executable, "-m", "orchestrator.cli"]
@@ -56,21 +55,13 @@ def test_a_plugin_topology_goes_up_is_found_again_and_runs_at_its_prediction(plu
     assert status.returncode == 0, status.stderr[-2000:]
     assert len(json.loads(status.stdout)["links"]) == 12
 
-    from orchestrator.deploy import lab_agents
     from orchestrator.emulation import Lab
-    from orchestrator.control import workloads
 
     lab = Lab.attach("ex-ringnet")  # this process loads the kind from the recorded plugin too
     assert KINDS["ringnet"].origin == str(plugin.resolve())
     assert unreachable_pairs(lab) == []
     assert lab.topology.path("h0_0", "h3_1") == ["h0_0", "r0", "r3", "h3_1"]
-    agents = lab_agents.start(lab, via="exec")
-    result = agents.run("mesh", TENSORS, workloads.back_to_back(TENSORS), iterations=6)
-    assert all(r["verified"] for r in result.records() if r["iteration"] == 0)
-    seconds = statistics.mean(result.back_to_back_times())
-    print(f"mesh on ringnet,4,2 at 100 Mbit: {seconds:.3f} s per allreduce, predicted {result.predicted.per_run:.3f} s")
-    assert 0.90 <= seconds / result.predicted.per_run <= 1.10
-    lab_agents.stop(agents)
+    runs_as_predicted(lab, "mesh", TENSORS, "ringnet,4,2 at 100 Mbit")
 
     down = testbed("down", "ex-ringnet")
     assert down.returncode == 0, down.stderr[-2000:]
