@@ -90,6 +90,9 @@ def topology(
     png: Optional[Path] = typer.Option(None, "--png", help="draw the topology into this PNG file"),
     plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
     hosts: Optional[Path] = typer.Option(None, "--hosts", help="a hosts file: how the lab would be split over them"),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="with --hosts: cut where this "
+                                            "algorithm's predicted bytes are fewest (default: by link rates)"),
+    size: str = typer.Option("25MB", help="with --algorithm: the gradient it predicts"),
 ) -> None:
     """Describe a lab's network: counts, diameter, NICs; JSON, routes and pictures."""
     from orchestrator import topology as topo_lib
@@ -101,8 +104,10 @@ def topology(
         raise BadUsage(f"--png {png}: directory {png.parent} does not exist: create it or pick another path")
     spec = lab_from_argument(lab)
     topo = topo_lib.from_lab(spec)
+    if algorithm is not None and hosts is None:
+        raise BadUsage("--algorithm: weighs the cut of --hosts: give --hosts FILE too")
     if hosts is not None:
-        _print_placement(spec, topo, hosts, as_json)
+        _print_placement(spec, topo, hosts, as_json, algorithm, size)
     elif route:
         _print_route(topo, route, all_paths, as_json)
     elif as_json:
@@ -128,8 +133,9 @@ def _params(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-def _print_placement(spec, topo, path: Path, as_json: bool) -> None:
-    """Which host each node would live on, and what crosses between hosts (topology/partition.py)."""
+def _print_placement(spec, topo, path: Path, as_json: bool, algorithm: Optional[str], size: str) -> None:
+    """Which host each node would live on, and what crosses between hosts (topology/partition.py);
+    with `algorithm`, the cut weighed by the bytes the model predicts it sends over each link."""
     from orchestrator.errors import TopologyError
     from orchestrator.spec import load
     from orchestrator.spec.hosts import HostsSpec
@@ -137,8 +143,19 @@ def _print_placement(spec, topo, path: Path, as_json: bool) -> None:
     from orchestrator.units import format_rate
 
     listed = load(HostsSpec, path)
+    weights = None
+    if algorithm is not None:
+        from orchestrator.cost.report import predict_lab
+        from orchestrator.units import parse_size
+
+        try:
+            gradient = parse_size(size)
+        except ValueError as exc:
+            raise BadUsage(f"--size: {exc}") from None
+        loads = predict_lab(spec, algorithm, gradient).prediction.link_bytes
+        weights = {tuple(name.split("→")): value for name, value in loads.items()}
     try:
-        placement = place(topo, _hosts(path), default_bps=spec.links.bandwidth)
+        placement = place(topo, _hosts(path), weights=weights, default_bps=spec.links.bandwidth)
         shares = check_underlay(topo, placement, spec.links.bandwidth, spec.links.mtu)
     except TopologyError as exc:
         raise TopologyError(f"{path}: {exc}") from None
@@ -148,7 +165,8 @@ def _print_placement(spec, topo, path: Path, as_json: bool) -> None:
                           "crossing": [[link.a.node, link.b.node] for link in placement.crossing(topo)]}, indent=1))
         return
     nic = {host.name: host.nic for host in listed.hosts}
-    table = Table(title=f"{spec.name} over {len(shares)} hosts ({placement.method})")
+    weighed = f", weighed by {algorithm}'s predicted bytes" if algorithm and placement.method == "kernighan-lin" else ""
+    table = Table(title=f"{spec.name} over {len(shares)} hosts ({placement.method}{weighed})")
     for column in ("host", "servers", "switches", "crossing links", "at most out / in", "NIC"):
         table.add_column(column, justify="left" if column == "host" else "right", no_wrap=True)
     for share in shares:

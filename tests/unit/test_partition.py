@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,16 @@ def test_predict_with_hosts_refuses_an_underlay_mtu_in_one_line(tmp_path):
     (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
     done, _ = run_testbed("predict", "fattree,4", "-a", "ring", "--hosts", "hosts.yaml", cwd=tmp_path)
     assert "host a: mtu 1500 (the underlay's) is below the lab's links.mtu 1500 + 50" in refused(done, "")
+
+
+def test_the_cut_may_be_weighed_by_an_algorithms_predicted_bytes(tmp_path):
+    import shutil
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: a, address: 192.0.2.1, mtu: 9000}\n"
+                                         "  - {name: b, address: 192.0.2.2, mtu: 9000}\n")
+    shutil.copy(Path(__file__).resolve().parents[2] / "topologies" / "clos-2tier.yaml", tmp_path / "clos.yaml")
+    done, _ = run_testbed("topology", "clos.yaml", "--hosts", "hosts.yaml", "-a", "ring", "--size", "4MB", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "weighed by ring's predicted bytes" in " ".join(done.stdout.split())
+    done, _ = run_testbed("topology", "clos.yaml", "-a", "ring", cwd=tmp_path)
+    assert "--algorithm: weighs the cut of --hosts: give --hosts FILE too" in refused(done, "")
