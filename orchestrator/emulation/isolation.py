@@ -22,6 +22,8 @@ made; server tables go with their namespaces.
 
 from __future__ import annotations
 
+from typing import Collection
+
 import ipaddress
 import re
 
@@ -76,11 +78,13 @@ def journal_entry(plan: LabPlan) -> Entry:
     return Entry("nft_table", root_table(plan.id), {"family": "inet"})
 
 
-def apply(plan: LabPlan) -> None:
-    """The lab's root table (replacing a stale one of its name), then every server's table."""
+def apply(plan: LabPlan, servers: Collection[str] | None = None) -> None:
+    """The lab's root table (replacing a stale one of its name), then every server's table
+    (of `servers` only: a host's share of a split lab)."""
     nft.run(root_ruleset(plan.id))
     gateway = plan.mgmt_gateway.ip
-    rulesets = {plan.namespaces[server]: server_ruleset(address.ip, gateway) for server, (_, address) in plan.mgmt.items()}
+    rulesets = {plan.namespaces[server]: server_ruleset(address.ip, gateway) for server, (_, address) in plan.mgmt.items()
+                if servers is None or server in servers}
     kernel.in_namespaces(rulesets, lambda ns: nft.run(rulesets[ns], ns))
 
 

@@ -18,7 +18,8 @@ import os
 import subprocess
 import time
 from contextlib import ExitStack
-from typing import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Mapping, Sequence
 
 from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft
 from orchestrator.emulation.interrupts import held_signals
@@ -33,6 +34,21 @@ from orchestrator.topology import Endpoint, Link, Topology, from_lab, reroute
 from orchestrator.topology.model import BRIDGE
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass(frozen=True)
+class Part:
+    """The share of a lab split over hosts that this machine builds (orchestrator/hosts): the
+    nodes placed here, and the ends here of the wires between hosts (each with `link`, `vni`
+    and `hosts`, the hosts of its two ends), over this host's underlay to the others'."""
+
+    host: str
+    host_of: Mapping[str, str]
+    wires: tuple = ()
+    underlay: Mapping[str, ipaddress.IPv4Address] = field(default_factory=dict)
+
+    def holds(self, node: str) -> bool:
+        return self.host_of[node] == self.host
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -50,7 +66,7 @@ class Lab:
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
-    def up(cls, spec: LabSpec, progress: Progress = _quiet) -> "Lab":
+    def up(cls, spec: LabSpec, progress: Progress = _quiet, part: Part | None = None) -> "Lab":
         features.require(spec)  # refuse before anything is built
         topology = from_lab(spec)
         capacity.require(spec, topology)  # and what this host cannot hold (raises RLIMIT_NOFILE's soft limit)
@@ -72,11 +88,11 @@ class Lab:
                     spec.model_dump(mode="json"),
                     {"status": "building", "pid": os.getpid(), "id": plan.id,
                      "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet),
-                     "topology_plugin": plugin_of(spec.topology.kind)},
+                     "topology_plugin": plugin_of(spec.topology.kind), "part": part and part.host},
                 )
             lab = cls(spec, plan, state)
             try:
-                _Builder(lab, progress, signals.check).build()
+                _Builder(lab, progress, signals.check, part).build()
                 signals.check()  # a signal during the last step still undoes the lab
                 state.update_state(status="up", pid=None)
             except BaseException:
@@ -421,8 +437,11 @@ def _mgmt_subnet(spec: LabSpec, topology: Topology):
 class _Builder:
     """The steps of bring-up, each journalled before it acts."""
 
-    def __init__(self, lab: Lab, progress: Progress, checkpoint: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, lab: Lab, progress: Progress, checkpoint: Callable[[], None] = lambda: None,
+                 part: Part | None = None) -> None:
         self.lab = lab
+        self.part = part  # a host's share of a split lab: only its nodes, wires for links that leave it
+        self.mine = part.holds if part is not None else (lambda node: True)
         self.plan = lab.plan
         self.spec = lab.spec
         self.topology = lab.topology
@@ -436,7 +455,7 @@ class _Builder:
         steps = [self.nodes, self.open_netlink, self.sysctls, self.links, self.configure_nodes, self.management,
                  self.isolate]
         if self.spec.rdma == "softroce":
-            steps.append(self.softroce)
+            steps.append(lambda: self.softroce([s.name for s in self.topology.servers if self.mine(s.name)]))
         steps.append(self.settle)
         try:
             for step in steps:
@@ -446,14 +465,14 @@ class _Builder:
             self.nl.close()
 
     def open_netlink(self) -> None:
-        self.nl.open([None, *self.plan.namespaces.values()])
+        self.nl.open([None, *(ns for node, ns in self.plan.namespaces.items() if self.mine(node))])
 
     def record(self, entries: list[Entry]) -> None:
         self.lab.state.record(entries)
 
     def nodes(self) -> None:
         """Every node's namespace (a container's for Docker servers), made by its runtime."""
-        for runtime, nodes in by_runtime(self.plan, self.topology.nodes):
+        for runtime, nodes in by_runtime(self.plan, [n for n in self.topology.nodes if self.mine(n)]):
             runtime.create(self, nodes)
 
     def made(self, stage: str, count: int) -> None:
@@ -462,7 +481,7 @@ class _Builder:
         self.progress(stage, self._made, len(self.topology.nodes))
 
     def sysctls(self) -> None:
-        by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.topology.nodes}
+        by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.topology.nodes if self.mine(n)}
         kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns], OPTIONAL_SYSCTLS))
         for ns in by_namespace:
             kernel.set_up(self.nl, ns, "lo")
@@ -478,14 +497,28 @@ class _Builder:
                             mtu=mtu, gso_bytes=gso)
             kernel.set_up(nl, ns[link.b.node], link.b.interface)
 
-        kernel.in_workers(self.topology.links, make, lambda done, total: self.progress("links", done, total),
+        local = [link for link in self.topology.links if self.mine(link.a.node) and self.mine(link.b.node)]
+        kernel.in_workers(local, make, lambda done, total: self.progress("links", done, total),
                           checkpoint=self.checkpoint)
+        if self.part is not None:
+            self.wire_ends()
+
+    def wire_ends(self) -> None:
+        """This host's end of each wire to another host: a VXLAN device made here, on the
+        underlay, and created inside its node's namespace under the link end's name."""
+        part, ns = self.part, self.plan.namespaces
+        for wire in part.wires:
+            for end, here, there in ((wire.link.a, *wire.hosts), (wire.link.b, *wire.hosts[::-1])):
+                if here == part.host:
+                    kernel.add_vxlan(self.nl, None, end.interface, wire.vni, part.underlay[here], part.underlay[there],
+                                     ns[end.node], self.spec.links.queue, self.spec.links.mtu)
+                    kernel.set_up(self.nl, ns[end.node], end.interface)
 
     def configure_nodes(self) -> None:
         """Per node, in its own namespace: bridge and ports, addresses, shaping of its link
         ends, routes. A node's whole configuration stays with one worker."""
         kernel.in_workers(
-            list(self.topology.nodes), self.configure_node,
+            [n for n in self.topology.nodes if self.mine(n)], self.configure_node,
             lambda done, total: self.progress("configuring nodes", done, total), checkpoint=self.checkpoint,
         )
 
@@ -551,8 +584,8 @@ class _Builder:
             self.mgmt_inside(nl, server)
 
         # seven requests a server, ~1 ms of pyroute2 each: spread over the cores
-        kernel.in_workers(list(plan.mgmt), attach, lambda done, total: self.progress("management", done, total),
-                          checkpoint=self.checkpoint)
+        kernel.in_workers([s for s in plan.mgmt if self.mine(s)], attach,
+                          lambda done, total: self.progress("management", done, total), checkpoint=self.checkpoint)
 
     def mgmt_inside(self, nl: kernel.Netlink, server: str) -> None:
         """The server's side of its management port: up, addressed, the gateway's MAC known."""
@@ -570,18 +603,25 @@ class _Builder:
         """
         wanted: dict[str, set[str]] = {}
         for node in self.topology.nodes.values():
-            if nodes is not None and node.name not in nodes:
+            if (nodes is not None and node.name not in nodes) or not self.mine(node.name):
                 continue
             names = set(node.interfaces)
             if node.is_server:
                 names.add(MGMT_IF)
             wanted[self.plan.namespaces[node.name]] = names
+        # a VXLAN wire has no carrier to report: its operational state stays UNKNOWN once up
+        wires = {(self.plan.namespaces[end.node], end.interface) for wire in (self.part.wires if self.part else ())
+                 for end in (wire.link.a, wire.link.b)}
+
+        def ready(ns: str, name: str, state: dict) -> bool:
+            return state.get("state") == "UP" or ((ns, name) in wires and state.get("up")) \
+                or (nodes is not None and not state.get("up"))
+
         deadline = time.monotonic() + timeout
         while wanted:
             for ns in list(wanted):  # a namespace found ready is not looked at again
                 states = kernel.links_in(self.nl, ns)
-                if all(states.get(name, {}).get("state") == "UP"
-                       or (nodes is not None and not states.get(name, {}).get("up")) for name in wanted[ns]):
+                if all(ready(ns, name, states.get(name, {})) for name in wanted[ns]):
                     del wanted[ns]
             if not wanted:
                 break
@@ -615,5 +655,5 @@ class _Builder:
     def isolate(self) -> None:
         """Servers reach neither each other nor the host over management (see isolation)."""
         self.record([isolation.journal_entry(self.plan)])
-        isolation.apply(self.plan)
+        isolation.apply(self.plan, [s for s in self.plan.mgmt if self.mine(s)])
         self.progress("isolation", 1, 1)

@@ -36,7 +36,9 @@ from orchestrator.topology import Topology
 from orchestrator.topology.addressing import bits_for
 from orchestrator.topology.model import FORWARDING_SYSCTLS
 
-NAMESPACE_PREFIX = "testbed-"
+# `TESTBED_NETNS_PREFIX`: hosts faked as namespaces of one machine (orchestrator/hosts/fake.py)
+# share its named namespaces, so each host's worker names its own apart
+NAMESPACE_PREFIX = os.environ.get("TESTBED_NETNS_PREFIX", "testbed-")
 MGMT_POOL = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range
 MGMT_IF = "mgmt0"
 # BR_MAX_PORTS is 1,024 and port number 0 is reserved: adding a 1,024th port fails with

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +50,20 @@ class FakeHosts:
     def underlay(self) -> dict[str, ipaddress.IPv4Address]:
         return {host: self.address(host) for host in self.names}
 
-    def start(self, host: str, argv: list[str], log: Path) -> subprocess.Popen:
-        """A process on `host` (in its namespace), its output to `log`."""
+    def start(self, host: str, argv: list[str], log: Path, state: Path | None = None) -> subprocess.Popen:
+        """A process on `host` (in its namespace), its output to `log`. `state`: the host's
+        own state directory, and its own names for the lab namespaces it makes (the machine's
+        named namespaces are every fake host's)."""
+        env = dict(os.environ)
+        if state is not None:
+            env.update(TESTBED_STATE=str(state), TESTBED_NETNS_PREFIX=f"testbed-{host}-")
         with open(log, "ab") as out:
             return subprocess.Popen(kernel.in_netns(self.namespace(host)) + argv, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    def node_namespace(self, host: str, lab: str, node: str) -> str:
+        """Where `host`'s worker (started with a `state`) puts a lab node's namespace."""
+        return f"testbed-{host}-{lab}-{node}"
 
 
 def underlay_addresses() -> list[str]:

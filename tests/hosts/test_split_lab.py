@@ -1,0 +1,97 @@
+"""One lab over two hosts (issue 31, orchestrator/hosts/split.py): hosts faked as namespaces
+on an underlay bridge, each with its own dask worker, state directory and journal. Each
+host's worker builds its share; links between hosts are VXLAN wires. Every server reaches
+every other, along the very path the one-host lab's routes give; `down` leaves nothing on
+either host."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import uuid
+
+import pytest
+
+from orchestrator.emulation import kernel
+from orchestrator.hosts import split
+from orchestrator.hosts.dask_engine import start_scheduler, worker_argv
+from orchestrator.hosts.engine import ENGINES
+from orchestrator.hosts.fake import fake_hosts
+from orchestrator.hosts.tls import credentials
+from orchestrator.spec import lab_from_argument
+from orchestrator.topology.partition import Host
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("split")
+    prefix = f"tbs{uuid.uuid4().hex[:4]}"
+    processes = []
+    with fake_hosts(prefix, ["x", "y"], orchestrator=True) as hosts:
+        try:
+            scheduler, address = start_scheduler(tmp_path, str(hosts.orchestrator))
+            processes.append(scheduler)
+            for host in hosts.names:
+                (tmp_path / f"state-{host}").mkdir()
+                tls = credentials(tmp_path / "tls", f"worker-{host}")
+                processes.append(hosts.start(host, worker_argv(address, host, tls), tmp_path / f"worker-{host}.log",
+                                             state=tmp_path / f"state-{host}"))
+            connected = ENGINES["dask"](tmp_path, address)
+            try:
+                connected.wait_for(list(hosts.names))
+                yield connected, hosts
+            finally:
+                connected.close()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def traced(namespace: str, address: str, topology) -> list[str]:
+    """Nodes answering a TTL-limited ICMP probe from `namespace` to `address`, in order."""
+    out = subprocess.run(kernel.in_netns(namespace) + ["traceroute", "-n", "-I", "-q", "1", "-w", "1", "-m", "12",
+                                                        address], capture_output=True, text=True, timeout=60).stdout
+    hops = []
+    for line in out.splitlines()[1:]:
+        match = re.match(r"\s*\d+\s+(\d+\.\d+\.\d+\.\d+)", line)
+        owner = topology.owner(match.group(1)) if match else None
+        hops.append(owner.node if owner else "*")
+    return hops
+
+
+@pytest.mark.parametrize("argument", ["bcube,2,1", "fattree,4"])
+def test_a_split_lab_reaches_every_pair_along_the_one_host_paths(engine, argument):
+    connected, hosts = engine
+    name = f"sp{argument.split(',')[0][:2]}"
+    spec = lab_from_argument(argument, name=name, **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    built = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
+    try:
+        topology, placement = built.topology, built.placement
+        assert built.wires and {placement.host_of[s.name] for s in topology.servers} == {"x", "y"}
+        servers = [s.name for s in topology.servers]
+        namespace = {node: hosts.node_namespace(placement.host_of[node], name, node) for node in topology.nodes}
+        assert set(kernel.list_namespaces(f"testbed-x-{name}-")) == {namespace[n] for n in topology.nodes
+                                                                     if placement.host_of[n] == "x"}
+        pings = {src: subprocess.Popen(kernel.in_netns(namespace[src]) + [
+            "fping", "-q", "-r", "2", "-t", "300", "-i", "1",
+            *(str(topology.address_of(dst)) for dst in servers if dst != src)], stdout=-1, stderr=-1, text=True)
+            for src in servers}
+        for src, ping in pings.items():
+            out, errors = ping.communicate(timeout=120)
+            assert ping.returncode == 0, (src, out, errors)
+        # the routes are the one-host lab's: the routed hops (those traceroute sees) of one of
+        # its equal-cost paths
+        crossing = [(a, b) for a, b in itertools.permutations(servers, 2) if placement.host_of[a] != placement.host_of[b]]
+        for src, dst in crossing[:: max(1, len(crossing) // 6)]:
+            address = topology.address_of(dst)
+            paths = [[node for node, layer in path[1:] if layer == "l3"] for path in topology.layered_paths(src, address)]
+            assert traced(namespace[src], str(address), topology) in paths, (src, dst, paths)
+    finally:
+        cleaned = split.down(name, connected, list(hosts.names))
+    assert all(not report.get("lost") for report in cleaned.values())
+    assert not kernel.list_namespaces(f"testbed-x-{name}-") and not kernel.list_namespaces(f"testbed-y-{name}-")
