@@ -60,9 +60,17 @@ table inet {SERVER_TABLE} {{
 """
 
 
-def root_ruleset(lab_id: str) -> str:
+def root_ruleset(lab_id: str, across_hosts: bool = False) -> str:
+    """`across_hosts` (a host's share of a split lab): the orchestrator calls from another
+    machine, so what this host forwards onto the lab's management links leaves with the
+    gateway's address, the one source the servers answer."""
     table, links = root_table(lab_id), f"tb{lab_id}-*"
-    chains = "".join(
+    nat = f"""
+    chain postrouting {{
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname "{links}" masquerade
+    }}""" if across_hosts else ""
+    chains = nat + "".join(
         f"""
     chain {hook} {{
         type filter hook {hook} priority {PRIORITY}; policy accept;
@@ -80,8 +88,8 @@ def journal_entry(plan: LabPlan) -> Entry:
 
 def apply(plan: LabPlan, servers: Collection[str] | None = None) -> None:
     """The lab's root table (replacing a stale one of its name), then every server's table
-    (of `servers` only: a host's share of a split lab)."""
-    nft.run(root_ruleset(plan.id))
+    (of `servers` only: a host's share of a split lab, reached from the orchestrator's machine)."""
+    nft.run(root_ruleset(plan.id, across_hosts=servers is not None))
     gateway = plan.mgmt_gateway.ip
     rulesets = {plan.namespaces[server]: server_ruleset(address.ip, gateway) for server, (_, address) in plan.mgmt.items()
                 if servers is None or server in servers}

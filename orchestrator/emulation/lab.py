@@ -83,7 +83,7 @@ class Lab:
                                         f"run `testbed clean {spec.name}` first")
                     raise LabExists(f"lab {spec.name!r} is already live: `testbed down {spec.name}` first")
                 cleanup.refuse_leftovers(spec.name)
-                plan = LabPlan(spec.name, topology, spec.servers.runtime, _mgmt_subnet(spec, topology))
+                plan = LabPlan(spec.name, topology, spec.servers.runtime, management_subnet(spec, topology))
                 state.create(
                     spec.model_dump(mode="json"),
                     {"status": "building", "pid": os.getpid(), "id": plan.id,
@@ -407,7 +407,7 @@ class Lab:
         return lab_status(self)
 
 
-def _mgmt_subnet(spec: LabSpec, topology: Topology):
+def management_subnet(spec: LabSpec, topology: Topology):
     """The lab's management subnet: the one asked for, if it overlaps no network of this
     host (a host route to it would be shadowed, or shadow ours); else the first free one."""
     host = kernel.root_networks_on()
@@ -655,5 +655,9 @@ class _Builder:
     def isolate(self) -> None:
         """Servers reach neither each other nor the host over management (see isolation)."""
         self.record([isolation.journal_entry(self.plan)])
-        isolation.apply(self.plan, [s for s in self.plan.mgmt if self.mine(s)])
+        if self.part is None:
+            isolation.apply(self.plan)
+        else:  # the orchestrator is elsewhere: this host forwards its calls onto the management bridge
+            kernel.write_sysctls({"net.ipv4.ip_forward": "1"})
+            isolation.apply(self.plan, [s for s in self.plan.mgmt if self.mine(s)])
         self.progress("isolation", 1, 1)

@@ -4,18 +4,25 @@ VXLAN wires (wires.py), and every host keeps its own journal, so `clean` on a ho
 without the engine.
 
     lab = split.up(spec, engine, hosts, underlay)     # hosts: topology.partition.Host
-    split.down(spec.name, engine, [h.name for h in hosts])
+    split.down(lab, engine)
 
-The management network is still each host's own (its servers reach their host only).
+Management: every host lays out the same plan (one subnet, chosen here); each forwards what
+this machine sends its servers onto its management bridge from the gateway's address, and
+this machine routes each server's address via its host. Not yet journalled here: a crash of
+the orchestrator leaves those routes (each host's share is in that host's journal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
+from orchestrator.emulation import kernel
+from orchestrator.emulation.lab import management_subnet
+from orchestrator.emulation.plan import LabPlan
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
 from orchestrator.spec import LabSpec
@@ -25,10 +32,15 @@ from orchestrator.topology.partition import Host, Placement, check_underlay, pla
 
 @dataclass(frozen=True)
 class SplitLab:
-    spec: LabSpec
+    spec: LabSpec  # with the management subnet the orchestrator chose for every host
     topology: Topology
     placement: Placement
     wires: tuple[wires_lib.Wire, ...]
+    plan: LabPlan  # names and management addresses, as every host laid them out
+    routes: tuple[ipaddress.IPv4Network, ...] = ()  # this machine's, to each server's management address
+
+    def mgmt_address(self, server: str) -> ipaddress.IPv4Address:
+        return self.plan.mgmt[server][1].ip
 
 
 def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
@@ -39,21 +51,47 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
     placement = place(topology, hosts, default_bps=spec.links.bandwidth)
     check_underlay(topology, placement, spec.links.bandwidth, spec.links.mtu)
     wires = tuple(wires_lib.plan(topology, placement))
+    # one management subnet for every host, free here, where the orchestrator routes to it
+    subnet = management_subnet(spec, topology)
+    spec = spec.model_copy(update={"management": spec.management.model_copy(update={"subnet": subnet})})
+    plan = LabPlan(spec.name, topology, spec.servers.runtime, subnet)
     document = spec.model_dump(mode="json")
     names = [host.name for host in hosts]
     with ThreadPoolExecutor(len(names)) as pool:
         futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
                                      dict(underlay)) for name in names}
         errors = [future.exception() for future in futures.values()]
+    built = SplitLab(spec, topology, placement, wires, plan)
     if any(errors):
-        down(spec.name, engine, names)
+        down(built, engine)
         raise next(error for error in errors if error)
-    return SplitLab(spec, topology, placement, wires)
+    return dataclasses.replace(built, routes=_route_management(plan, placement, underlay))
 
 
-def down(name: str, engine: HostEngine, hosts: list[str]) -> dict[str, dict]:
-    """Every host's share of lab `name` removed (what each cleaned); hosts the engine has
-    lost are named in the result and left for `testbed clean` there."""
+def _route_management(plan: LabPlan, placement: Placement,
+                      underlay: Mapping[str, ipaddress.IPv4Address]) -> tuple[ipaddress.IPv4Network, ...]:
+    """This machine's route to each server's management address, via the server's host (which
+    forwards it onto its management bridge from the gateway's address)."""
+    from pyroute2 import IPRoute
+
+    routes = []
+    with IPRoute() as ipr, kernel.Netlink() as nl:
+        for server, (_, address) in plan.mgmt.items():
+            host = underlay[placement.host_of[server]]
+            device = ipr.route("get", dst=str(host))[0].get_attr("RTA_OIF")
+            prefix = ipaddress.IPv4Network(address.ip)
+            kernel.add_route(nl, None, prefix, [(ipr.link("get", index=device)[0].get_attr("IFLA_IFNAME"), host)])
+            routes.append(prefix)
+    return tuple(routes)
+
+
+def down(lab: SplitLab, engine: HostEngine) -> dict[str, dict]:
+    """Every host's share of the lab removed (what each cleaned), and this machine's routes to
+    it; hosts the engine has lost are named in the result and left for `testbed clean` there."""
+    with kernel.Netlink() as nl:
+        for prefix in lab.routes:
+            kernel.delete_route(nl, None, prefix)
+    name, hosts = lab.spec.name, [host.name for host in lab.placement.hosts]
     out = {}
     for host in hosts:
         if engine.missing([host]):

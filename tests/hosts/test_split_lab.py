@@ -1,8 +1,9 @@
 """One lab over two hosts (issue 31, orchestrator/hosts/split.py): hosts faked as namespaces
 on an underlay bridge, each with its own dask worker, state directory and journal. Each
 host's worker builds its share; links between hosts are VXLAN wires. Every server reaches
-every other, along the very path the one-host lab's routes give; `down` leaves nothing on
-either host."""
+every other, along the very path the one-host lab's routes give; this machine reaches every
+server's management address through its host, servers none of each other's; `down` leaves
+nothing on either host or here."""
 
 from __future__ import annotations
 
@@ -91,7 +92,18 @@ def test_a_split_lab_reaches_every_pair_along_the_one_host_paths(engine, argumen
             address = topology.address_of(dst)
             paths = [[node for node, layer in path[1:] if layer == "l3"] for path in topology.layered_paths(src, address)]
             assert traced(namespace[src], str(address), topology) in paths, (src, dst, paths)
+        # management across hosts: this machine reaches every server's management address
+        # through the server's host; a server reaches no other's
+        mgmt = [str(built.mgmt_address(s)) for s in servers]
+        reached = subprocess.run(["fping", "-q", "-r", "2", "-t", "300", *mgmt], capture_output=True, text=True)
+        assert reached.returncode == 0, reached.stderr
+        other = next(s for s in servers if placement.host_of[s] == placement.host_of[servers[0]] and s != servers[0])
+        assert subprocess.run(kernel.in_netns(namespace[servers[0]]) + ["ping", "-c", "1", "-W", "1",
+                                                                        str(built.mgmt_address(other))],
+                              capture_output=True).returncode != 0
     finally:
-        cleaned = split.down(name, connected, list(hosts.names))
+        cleaned = split.down(built, connected)
+    assert not [r for r in built.routes if str(r.network_address) in subprocess.run(
+        ["ip", "-4", "route"], capture_output=True, text=True).stdout]  # this machine's routes went too
     assert all(not report.get("lost") for report in cleaned.values())
     assert not kernel.list_namespaces(f"testbed-x-{name}-") and not kernel.list_namespaces(f"testbed-y-{name}-")

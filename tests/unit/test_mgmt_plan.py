@@ -111,7 +111,7 @@ def _subnet_for(monkeypatch, subnet: str, host: list, labs: list | None = None):
                         lambda: [(ipaddress.IPv4Network(n), dev) for n, dev in host])
     monkeypatch.setattr(lab_module.LabState, "all", classmethod(lambda cls: [Other(*o) for o in labs or []]))
     spec = lab_from_argument("fattree,4", **{"management.subnet": subnet, "name": "mine"})
-    return lab_module._mgmt_subnet(spec, make_topology("fattree", k=4))
+    return lab_module.management_subnet(spec, make_topology("fattree", k=4))
 
 
 def test_an_explicit_subnet_inside_a_host_route_is_refused_naming_field_network_and_device(monkeypatch):
