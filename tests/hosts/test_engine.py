@@ -8,40 +8,20 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 
 import pytest
 
-from orchestrator.hosts.dask_engine import WORKER_TTL, start_scheduler, worker_argv
-from orchestrator.hosts.engine import ENGINES, HostLost
-from orchestrator.hosts.fake import fake_hosts, underlay_addresses
+from orchestrator.hosts.dask_engine import WORKER_TTL
+from orchestrator.hosts.engine import HostLost
+from orchestrator.hosts.fake import underlay_addresses
 from orchestrator.hosts.tls import credentials
+from tests.hosts.conftest import engine_on_fake_hosts
 
 
 @pytest.fixture
 def engine(tmp_path):
-    prefix = f"tbe{uuid.uuid4().hex[:4]}"
-    processes = []
-    with fake_hosts(prefix, ["x", "y"], orchestrator=True) as hosts:
-        try:
-            scheduler, address = start_scheduler(tmp_path, str(hosts.orchestrator))
-            processes.append(scheduler)
-            workers = {}
-            for host in hosts.names:
-                tls = credentials(tmp_path / "tls", f"worker-{host}")
-                workers[host] = hosts.start(host, worker_argv(address, host, tls), tmp_path / f"worker-{host}.log")
-                processes.append(workers[host])
-            connected = ENGINES["dask"](tmp_path, address)
-            try:
-                connected.wait_for(["x", "y"])
-                yield connected, hosts, workers, address, tmp_path
-            finally:
-                connected.close()
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    with engine_on_fake_hosts(tmp_path, ["x", "y"]) as (connected, hosts, workers, address):
+        yield connected, hosts, workers, address, tmp_path
 
 
 def test_tasks_run_on_the_host_they_are_pinned_to(engine):

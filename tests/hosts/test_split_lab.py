@@ -8,49 +8,22 @@ nothing on either host or here."""
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import signal
 import subprocess
-import uuid
 
 import pytest
 
 from orchestrator.emulation import kernel
 from orchestrator.hosts import split
-from orchestrator.hosts.dask_engine import start_scheduler, worker_argv
-from orchestrator.hosts.engine import ENGINES
-from orchestrator.hosts.fake import fake_hosts
-from orchestrator.hosts.tls import credentials
 from orchestrator.spec import lab_from_argument
 from orchestrator.topology.partition import Host
+from tests.hosts.conftest import engine_on_fake_hosts
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("split")
-    prefix = f"tbs{uuid.uuid4().hex[:4]}"
-    processes = []
-    with fake_hosts(prefix, ["x", "y"], orchestrator=True) as hosts:
-        try:
-            scheduler, address = start_scheduler(tmp_path, str(hosts.orchestrator))
-            processes.append(scheduler)
-            for host in hosts.names:
-                (tmp_path / f"state-{host}").mkdir()
-                tls = credentials(tmp_path / "tls", f"worker-{host}")
-                processes.append(hosts.start(host, worker_argv(address, host, tls), tmp_path / f"worker-{host}.log",
-                                             state=tmp_path / f"state-{host}"))
-            connected = ENGINES["dask"](tmp_path, address)
-            try:
-                connected.wait_for(list(hosts.names))
-                yield connected, hosts
-            finally:
-                connected.close()
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    with engine_on_fake_hosts(tmp_path_factory.mktemp("split"), ["x", "y"], own_state=True) as (connected, hosts, _, _):
+        yield connected, hosts
 
 
 def traced(namespace: str, address: str, topology) -> list[str]:
