@@ -18,29 +18,88 @@ import dataclasses
 import ipaddress
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from orchestrator.emulation import kernel
+from orchestrator.emulation.journal import state_root
 from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
+from orchestrator.errors import EmulationError
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Topology, from_lab
 from orchestrator.topology.partition import Host, Placement, check_underlay, place
 
 
 @dataclass(frozen=True)
+class SplitState:
+    """The orchestrator's side of a split lab's state: where its secret and deployment notes
+    live. Whatever runs on a host is journalled there, by that host."""
+
+    dir: Path
+
+    def record(self, entries: list) -> None:
+        if entries:
+            raise EmulationError("a split lab journals what runs on its hosts there, not here")
+
+
+@dataclass(frozen=True)
 class SplitLab:
+    """The lab as the orchestrator holds it once split: what deploy and the run driver ask of
+    a lab (spec, topology, state, management addresses, each server's runtime), with every
+    server's runtime work done on its host by the engine."""
+
     spec: LabSpec  # with the management subnet the orchestrator chose for every host
     topology: Topology
     placement: Placement
     wires: tuple[wires_lib.Wire, ...]
     plan: LabPlan  # names and management addresses, as every host laid them out
+    engine: HostEngine
     routes: tuple[ipaddress.IPv4Network, ...] = ()  # this machine's, to each server's management address
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def state(self) -> SplitState:
+        directory = state_root() / "split" / self.spec.name
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return SplitState(directory)
 
     def mgmt_address(self, server: str) -> ipaddress.IPv4Address:
         return self.plan.mgmt[server][1].ip
+
+    def runtime_of(self, node: str) -> "HostRuntime":
+        return HostRuntime(self.engine, self.placement.host_of[node])
+
+
+@dataclass(frozen=True)
+class HostRuntime:
+    """A split lab's server as deploy sees it: its runtime's work, done on its host."""
+
+    engine: HostEngine
+    host: str
+    name: str = "host"
+    containerised: bool = False
+
+    def spawn(self, lab: SplitLab, node: str, argv: list[str], env: dict[str, str]) -> None:
+        self.engine.run_on(self.host, spawn_part, lab.spec.name, node, argv, env)
+        return None  # journalled on its host, where `clean` kills it
+
+
+def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> dict:
+    """On a host: a long-running command on one of its servers, journalled in its journal."""
+    from orchestrator.emulation.journal import Entry
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    started = lab.runtime_of(node).spawn(lab, node, argv, env)
+    if started is not None:
+        lab.state.record([Entry("process", f"spawned-{node}-{started['pid']}", started)])
+    return started or {}
 
 
 def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
@@ -61,7 +120,7 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
         futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
                                      dict(underlay)) for name in names}
         errors = [future.exception() for future in futures.values()]
-    built = SplitLab(spec, topology, placement, wires, plan)
+    built = SplitLab(spec, topology, placement, wires, plan, engine)
     if any(errors):
         down(built, engine)
         raise next(error for error in errors if error)
@@ -85,13 +144,14 @@ def _route_management(plan: LabPlan, placement: Placement,
     return tuple(routes)
 
 
-def down(lab: SplitLab, engine: HostEngine) -> dict[str, dict]:
+def down(lab: SplitLab, engine: HostEngine | None = None) -> dict[str, dict]:
     """Every host's share of the lab removed (what each cleaned), and this machine's routes to
     it; hosts the engine has lost are named in the result and left for `testbed clean` there."""
     with kernel.Netlink() as nl:
         for prefix in lab.routes:
             kernel.delete_route(nl, None, prefix)
     name, hosts = lab.spec.name, [host.name for host in lab.placement.hosts]
+    engine = engine or lab.engine
     out = {}
     for host in hosts:
         if engine.missing([host]):
