@@ -122,6 +122,13 @@ def _clean(name: str) -> dict[str, int]:
         removed["containers"] += docker_engine.remove_containers(sorted(containers))
 
     namespaces = {e.name for e in by_kind["netns"] if lab_of_namespace(e.name) == name} | set(lab_namespaces(name))
+    # a wire's VXLAN end holds its VNI on the host until it is unregistered, which a dying
+    # namespace does some time later: deleted here first, a rebuild may take the VNI at once
+    wires = [e for e in by_kind["wire"] if e.extra.get("netns") in namespaces]
+    if wires:
+        with kernel.Netlink() as nl:
+            for entry in wires:
+                removed["wires"] += kernel.delete_link(nl, entry.extra["netns"], entry.name)
     # whatever still runs inside the lab's namespaces (agents started between a fork and
     # its journal line, tools left by `testbed exec`) goes with them
     for pid in kernel.pids_in(sorted(namespaces)):

@@ -271,7 +271,7 @@ def _write_refusal(where: Path, exc: OSError) -> str:
 
 @dataclass
 class Entry:
-    kind: str  # netns | container | host_link | process | rxe | nft_table | fault
+    kind: str  # netns | container | host_link | process | rxe | nft_table | fault | wire (a VXLAN end, split labs)
     name: str
     extra: dict
 

@@ -507,12 +507,14 @@ class _Builder:
         """This host's end of each wire to another host: a VXLAN device made here, on the
         underlay, and created inside its node's namespace under the link end's name."""
         part, ns = self.part, self.plan.namespaces
-        for wire in part.wires:
-            for end, here, there in ((wire.link.a, *wire.hosts), (wire.link.b, *wire.hosts[::-1])):
-                if here == part.host:
-                    kernel.add_vxlan(self.nl, None, end.interface, wire.vni, part.underlay[here], part.underlay[there],
-                                     ns[end.node], self.spec.links.queue, self.spec.links.mtu)
-                    kernel.set_up(self.nl, ns[end.node], end.interface)
+        ends = [(wire, end, here, there) for wire in part.wires
+                for end, here, there in ((wire.link.a, *wire.hosts), (wire.link.b, *wire.hosts[::-1]))
+                if here == part.host]
+        self.record([Entry("wire", end.interface, {"netns": ns[end.node], "vni": wire.vni}) for wire, end, _, _ in ends])
+        for wire, end, here, there in ends:
+            kernel.add_vxlan(self.nl, None, end.interface, wire.vni, part.underlay[here], part.underlay[there],
+                             ns[end.node], self.spec.links.queue, self.spec.links.mtu)
+            kernel.set_up(self.nl, ns[end.node], end.interface)
 
     def configure_nodes(self) -> None:
         """Per node, in its own namespace: bridge and ports, addresses, shaping of its link

@@ -75,6 +75,39 @@ class SplitLab:
     def runtime_of(self, node: str) -> "HostRuntime":
         return HostRuntime(self.engine, self.placement.host_of[node])
 
+    def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
+        """As `Lab.connection_paths`: every established connection from a server to `port`,
+        with the path its 5-tuple takes, each hop asked where that hop is. All connections
+        step together, one request per host and hop."""
+        hosts = [host.name for host in self.placement.hosts]
+        servers = {host: [s.name for s in self.topology.servers if self.placement.host_of[s.name] == host]
+                   for host in hosts}
+        walks = []  # [server, src, sport, dst, dport, node, iif, path]
+        for host in hosts:
+            for server, src, sport, dst, dport in self.engine.run_on(host, connections_part, self.name,
+                                                                        servers[host], port):
+                if self.topology.owner(dst) is None:
+                    raise EmulationError(f"{server} has a connection to {dst}, which no node of lab {self.name} holds")
+                walks.append([server, src, sport, dst, dport, server, None, [server]])
+        active = list(range(len(walks)))
+        for _ in range(4 * len(self.topology.nodes)):
+            active = [i for i in active if walks[i][5] != self.topology.owner(walks[i][3]).node]
+            if not active:
+                break
+            asked: dict[str, list] = {}
+            for i in active:
+                server, src, sport, dst, dport, node, iif, _ = walks[i]
+                asked.setdefault(self.placement.host_of[node], []).append((i, node, dst, src, iif, sport, dport))
+            for host, queries in asked.items():
+                for i, oif, gateway in self.engine.run_on(host, route_part, self.name, queries):
+                    walk = walks[i]
+                    walk[7] += self.topology.hop(walk[5], oif, gateway or walk[3])
+                    entry = self.topology.owner(gateway or walk[3])
+                    walk[5], walk[6] = entry.node, entry.interface
+        else:
+            raise EmulationError(f"paths of lab {self.name} loop: {[walks[i][7][:12] for i in active[:1]]}")
+        return {(walk[0], walk[3]): walk[7] for walk in walks}
+
 
 @dataclass(frozen=True)
 class HostRuntime:
@@ -174,3 +207,29 @@ def clean_part(name: str) -> dict:
     from orchestrator.emulation import cleanup
 
     return cleanup.clean_lab(name)
+
+
+def connections_part(name: str, servers: list[str], port: int) -> list[tuple]:
+    """On a host: (server, local address, port, remote address, port) of its servers'
+    established connections to `port`."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    spaces = {lab.plan.namespaces[server]: server for server in servers}
+    found = kernel.in_namespaces(spaces, lambda _: kernel.tcp_connections(port))
+    return [(spaces[ns], *connection) for ns, connections in found.items() for connection in connections]
+
+
+def route_part(name: str, queries: list[tuple]) -> list[tuple]:
+    """On a host: for each (id, node, dst, src, arrived on, sport, dport), the interface and
+    gateway that node's routing picks for that flow."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    out = []
+    with kernel.Netlink() as nl:
+        for i, node, dst, src, iif, sport, dport in queries:
+            ns = lab.plan.namespaces[node]
+            oif, gateway = kernel.route_get(nl, ns, dst, src, nl.index(ns, iif) if iif else None, sport, dport)
+            out.append((i, nl.name(ns, oif), gateway))
+    return out

@@ -15,7 +15,7 @@ from orchestrator.hosts.dask_engine import WORKER_TTL
 from orchestrator.hosts.engine import HostLost
 from orchestrator.hosts.fake import underlay_addresses
 from orchestrator.hosts.tls import credentials
-from tests.hosts.conftest import engine_on_fake_hosts
+from orchestrator.hosts.fake import engine_on_fake_hosts
 
 
 @pytest.fixture
