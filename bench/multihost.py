@@ -10,6 +10,7 @@
 
     sudo .venv/bin/python bench/multihost.py [--rates 100Mbit,1Gbit] [--pairs 3] [--seconds 5]
                                              [--labs bcube,4,1:hips,fattree,4:ring] [--mbytes 12.5]
+                                             [--lab-rate 100Mbit]
 
 Prints each pair and case, then one JSON line; exits 1 when a goal is missed. Fake hosts
 share this machine's cores: the ratios say what the split costs here, not what real NICs
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--labs", default="", help="lab:algorithm cases, e.g. bcube,4,1:hips,fattree,4:ring")
     parser.add_argument("--mbytes", type=float, default=12.5, help="gradient of each case")
+    parser.add_argument("--lab-rate", default="100Mbit", help="links of each case")
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args()
     rates = [units.parse_rate(r) for r in args.rates.split(",")]
@@ -107,7 +109,7 @@ def main() -> int:
                 kernel.delete_namespace(space)
     cases = []
     for case in _cases(args.labs):
-        one, two = split_against_one(*case, args.mbytes, args.iterations)
+        one, two = split_against_one(*case, args.mbytes, args.iterations, args.lab_rate)
         off = abs(one - two)
         failed |= off > SPLIT_WITHIN or two > BAND
         cases.append({"lab": case[0], "algorithm": case[1], "one_host": round(one, 4), "split": round(two, 4),
@@ -131,8 +133,8 @@ def _cases(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int) -> tuple[float, float]:
-    """measured / predicted of `algorithm` on `lab` at 100 Mbit, on one host, then split over two."""
+def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, rate: str) -> tuple[float, float]:
+    """measured / predicted of `algorithm` on `lab` (links at `rate`), on one host, then split over two."""
     import tempfile
 
     from orchestrator.collectives.context import Context
@@ -149,7 +151,7 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int) 
     from orchestrator.topology.partition import Host
 
     tensors = [int(mbytes * 1e6 / 4)]
-    spec = lab_from_argument(lab, name="mhb", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    spec = lab_from_argument(lab, name="mhb", **{"servers.runtime": "netns", "links.bandwidth": rate})
 
     def ratio(result) -> float:
         return statistics.mean(result.back_to_back_times()) / result.predicted.per_run
