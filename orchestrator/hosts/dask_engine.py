@@ -26,13 +26,15 @@ class EngineError(TestbedError):
     """The engine could not be started or reached."""
 
 
-def start_scheduler(state_dir: Path, listen: str, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+def start_scheduler(state_dir: Path, listen: str, timeout: float = 60.0,
+                    worker_ttl: str = WORKER_TTL) -> tuple[subprocess.Popen, str]:
     """A TLS scheduler on `listen` (an address of this machine the hosts reach), its address
-    once it serves. Its scheduler file and log go to `state_dir`."""
+    once it serves; a host silent for `worker_ttl` is lost. Its scheduler file and log go to
+    `state_dir`."""
     tls = credentials(state_dir / "tls", "scheduler")
     file = state_dir / "scheduler.json"
     file.unlink(missing_ok=True)
-    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": WORKER_TTL}
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": worker_ttl}
     with open(state_dir / "scheduler.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls", "--host", listen,

@@ -114,7 +114,8 @@ def fake_hosts(prefix: str, names: list[str], mtu: int = 9000, orchestrator: boo
 
 
 @contextlib.contextmanager
-def engine_on_fake_hosts(directory: Path, names: list[str], own_state: bool = False) -> Iterator[tuple]:
+def engine_on_fake_hosts(directory: Path, names: list[str], own_state: bool = False,
+                         worker_ttl: str | None = None) -> Iterator[tuple]:
     """(engine, fake hosts, {host: its worker process}, scheduler address): a TLS scheduler on
     this machine's end of the underlay and one worker per host in its namespace; with
     `own_state`, each worker has its own state directory and names for lab namespaces (what a
@@ -126,7 +127,8 @@ def engine_on_fake_hosts(directory: Path, names: list[str], own_state: bool = Fa
     processes = []
     with fake_hosts(f"tbe{uuid.uuid4().hex[:4]}", names, orchestrator=True) as hosts:
         try:
-            scheduler, address = start_scheduler(directory, str(hosts.orchestrator))
+            scheduler, address = start_scheduler(directory, str(hosts.orchestrator),
+                                                 **({"worker_ttl": worker_ttl} if worker_ttl else {}))
             processes.append(scheduler)
             workers = {}
             for host in hosts.names:

@@ -44,9 +44,17 @@ def _start(tmp_path: Path, token_mode: int = 0o600) -> tuple[subprocess.Popen, d
 
 @pytest.fixture
 def agent(tmp_path):
-    proc, endpoint = _start(tmp_path)
+    for attempt in range(3):  # free_ports races other processes for the ports it found free
+        proc, endpoint = _start(tmp_path)
+        try:
+            driver.wait_healthy([endpoint], timeout=20)  # the standard check, then Control with the token
+            break
+        except driver.RunError:
+            proc.kill()
+            _, errors = proc.communicate()
+            if attempt == 2 or "address" not in errors.lower():  # not a taken port: say what the agent said
+                raise AssertionError(f"the agent did not answer; it said: {errors[-2000:]}") from None
     try:
-        driver.wait_healthy([endpoint], timeout=20)  # the standard check, then Control with the token
         yield proc, endpoint
     finally:
         proc.kill()

@@ -11,16 +11,16 @@ import time
 
 import pytest
 
-from orchestrator.hosts.dask_engine import WORKER_TTL
 from orchestrator.hosts.engine import HostLost
-from orchestrator.hosts.fake import underlay_addresses
+from orchestrator.hosts.fake import engine_on_fake_hosts, underlay_addresses
 from orchestrator.hosts.tls import credentials
-from orchestrator.hosts.fake import engine_on_fake_hosts
+
+TTL = "4s"  # the engine's own is longer (dask_engine.WORKER_TTL): a test need not wait it out
 
 
 @pytest.fixture
 def engine(tmp_path):
-    with engine_on_fake_hosts(tmp_path, ["x", "y"]) as (connected, hosts, workers, address):
+    with engine_on_fake_hosts(tmp_path, ["x", "y"], worker_ttl=TTL) as (connected, hosts, workers, address):
         yield connected, hosts, workers, address, tmp_path
 
 
@@ -74,4 +74,4 @@ def test_a_frozen_host_is_named_from_its_missed_heartbeats(engine):
             time.sleep(0.5)
     finally:
         os.killpg(workers["x"].pid, signal.SIGCONT)
-    print(f"frozen host named after {time.monotonic() - started:.1f} s (worker TTL {WORKER_TTL})")
+    print(f"frozen host named after {time.monotonic() - started:.1f} s (worker TTL {TTL})")
