@@ -137,13 +137,9 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
     """measured / predicted of `algorithm` on `lab` (links at `rate`), on one host, then split over two."""
     import tempfile
 
-    from orchestrator.collectives.context import Context
-    from orchestrator.control import driver, workloads
-    from orchestrator.control.endpoints import shutdown, wait_healthy
-    from orchestrator.cost import Network
+    from orchestrator.control import workloads
+    from orchestrator.control.endpoints import shutdown
     from orchestrator.deploy import lab_agents
-    from orchestrator.deploy.agents import endpoints
-    from orchestrator.deploy.direct import DirectDeployer
     from orchestrator.emulation import Lab
     from orchestrator.hosts import split
     from orchestrator.hosts.fake import engine_on_fake_hosts
@@ -164,14 +160,9 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
             engine_on_fake_hosts(Path(directory), ["x", "y"], own_state=True) as (engine, hosts, _, _):
         built = split.up(spec, engine, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
         try:
-            servers = [s.name for s in built.topology.servers]
-            DirectDeployer().start(built, servers, lambda *_: None)
-            eps = endpoints(built, servers)
-            wait_healthy(eps, timeout=60)
-            result = driver.run(eps, algorithm, tensors, workloads.back_to_back(tensors), iterations=iterations,
-                                ctx=Context(len(eps), built.topology), network=Network.from_links(built.spec.links),
-                                flow_paths=lab_agents.flow_paths(built))
-            shutdown(eps)
+            agents = lab_agents.start_direct(built)
+            result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=iterations)
+            shutdown(list(agents))
         finally:
             split.down(built)
     return one, ratio(result)

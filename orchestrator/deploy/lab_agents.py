@@ -34,7 +34,7 @@ from orchestrator.collectives.context import Context
 from orchestrator.control.driver import Endpoint, RunResult, shutdown
 
 __all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
-           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "stop"]
+           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop"]
 
 
 class LabAgents(list):
@@ -75,6 +75,20 @@ def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = 
     from orchestrator.deploy import deploy
 
     return LabAgents(lab, deploy(lab, servers, roles, via=via).endpoints)
+
+
+def start_direct(lab, servers: list[str] | None = None, timeout: float = 60.0) -> LabAgents:
+    """Agents started without Ansible (the `exec` deployer, unsupervised) on anything that
+    gives what it asks of a lab (spec, topology, state, mgmt_address, runtime_of): a lab split
+    over hosts (orchestrator/hosts/split.py), whose runtimes start each agent on its host."""
+    from orchestrator.control.endpoints import wait_healthy
+    from orchestrator.deploy.direct import DirectDeployer
+
+    names = servers or [server.name for server in lab.topology.servers]
+    DirectDeployer().start(lab, names, lambda *_: None)
+    eps = endpoints(lab, names)
+    wait_healthy(eps, timeout=timeout)
+    return LabAgents(lab, eps)
 
 
 def flow_paths(lab, transport: str = transports.DEFAULT) -> Callable[[], dict]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,10 @@ class SplitLab:
 
     def runtime_of(self, node: str) -> "HostRuntime":
         return HostRuntime(self.engine, self.placement.host_of[node])
+
+    def link_up(self, a: str, b: str) -> bool | None:
+        """Whether a link is up: not known here yet (faults across hosts are still to come)."""
+        return None
 
     def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
         """As `Lab.connection_paths`: every established connection from a server to `port`,
@@ -185,6 +190,7 @@ def down(lab: SplitLab, engine: HostEngine | None = None) -> dict[str, dict]:
             kernel.delete_route(nl, None, prefix)
     name, hosts = lab.spec.name, [host.name for host in lab.placement.hosts]
     engine = engine or lab.engine
+    shutil.rmtree(state_root() / "split" / name, ignore_errors=True)  # its secret and deployment notes
     out = {}
     for host in hosts:
         if engine.missing([host]):

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from orchestrator.emulation import kernel
+from orchestrator.emulation.journal import state_root
 from orchestrator.hosts import split
 from orchestrator.spec import lab_from_argument
 from orchestrator.topology.partition import Host
@@ -90,29 +91,21 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
     (each hop asked on its own host)."""
     import statistics
 
-    from orchestrator.collectives.context import Context
-    from orchestrator.control import driver, workloads
-    from orchestrator.control.endpoints import shutdown, wait_healthy
-    from orchestrator.cost import Network
+    from orchestrator.control import workloads
+    from orchestrator.control.endpoints import shutdown
     from orchestrator.deploy import lab_agents
-    from orchestrator.deploy.agents import endpoints
-    from orchestrator.deploy.direct import DirectDeployer
 
     connected, hosts = engine
     spec = lab_from_argument(argument, name="spag", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
     built = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
     try:
-        servers = [s.name for s in built.topology.servers]
-        DirectDeployer().start(built, servers, lambda *_: None)
-        eps = endpoints(built, servers)
-        wait_healthy(eps, timeout=60)
+        agents = lab_agents.start_direct(built)
         tensors = [1 << 20]  # 4 MiB
-        result = driver.run(eps, algorithm, tensors, workloads.back_to_back(tensors), iterations=5,
-                            ctx=Context(len(eps), built.topology), network=Network.from_links(built.spec.links),
-                            flow_paths=lab_agents.flow_paths(built))
-        shutdown(eps)
+        result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=5)
+        shutdown(list(agents))
     finally:
         split.down(built)
+    assert not (state_root() / "split" / "spag").exists()  # its secret went with it
     assert all(r["verified"] for r in result.records() if r["iteration"] == 0)
     seconds = statistics.mean(result.back_to_back_times())
     print(f"{algorithm} on {argument} split over two hosts: {seconds:.3f} s, predicted {result.predicted.per_run:.3f} s")
