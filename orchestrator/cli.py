@@ -143,6 +143,7 @@ def _print_placement(spec, topo, path: Path, as_json: bool, algorithm: Optional[
     from orchestrator.units import format_rate
 
     listed = load(HostsSpec, path)
+    hosts = [host.host() for host in listed.hosts]
     weights = None
     if algorithm is not None:
         from orchestrator.cost.report import predict_lab
@@ -155,7 +156,7 @@ def _print_placement(spec, topo, path: Path, as_json: bool, algorithm: Optional[
         loads = predict_lab(spec, algorithm, gradient).prediction.link_bytes
         weights = {tuple(name.split("→")): value for name, value in loads.items()}
     try:
-        placement = place(topo, _hosts(path), weights=weights, default_bps=spec.links.bandwidth)
+        placement = place(topo, hosts, weights=weights, default_bps=spec.links.bandwidth)
         shares = check_underlay(topo, placement, spec.links.bandwidth, spec.links.mtu)
     except TopologyError as exc:
         raise TopologyError(f"{path}: {exc}") from None
@@ -164,7 +165,7 @@ def _print_placement(spec, topo, path: Path, as_json: bool, algorithm: Optional[
                           "hosts": [dataclasses.asdict(share) for share in shares],
                           "crossing": [[link.a.node, link.b.node] for link in placement.crossing(topo)]}, indent=1))
         return
-    nic = {host.name: host.nic for host in listed.hosts}
+    nic = {host.name: host.nic_bps for host in hosts}
     weighed = f", weighed by {algorithm}'s predicted bytes" if algorithm and placement.method == "kernighan-lin" else ""
     table = Table(title=f"{spec.name} over {len(shares)} hosts ({placement.method}{weighed})")
     for column in ("host", "servers", "switches", "crossing links", "at most out / in", "NIC"):

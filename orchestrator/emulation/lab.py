@@ -39,8 +39,9 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 @dataclass(frozen=True)
 class Part:
     """The share of a lab split over hosts that this machine builds (orchestrator/hosts): the
-    nodes placed here, and the ends here of the wires between hosts (each with `link`, `vni`
-    and `hosts`, the hosts of its two ends), over this host's underlay to the others'."""
+    nodes placed here, and the ends here of the wires between hosts (hosts.wires.Wire: its
+    `vni`, and `ends()`, each link end with its host and the other's), over this host's
+    underlay to the others'."""
 
     host: str
     host_of: Mapping[str, str]
@@ -445,6 +446,8 @@ class _Builder:
         self.plan = lab.plan
         self.spec = lab.spec
         self.topology = lab.topology
+        self.here = [n for n in lab.topology.nodes if self.mine(n)]  # the nodes this machine builds
+        self.servers_here = [s.name for s in lab.topology.servers if self.mine(s.name)]
         self.progress = progress
         self.checkpoint = checkpoint  # raises if the build must stop (a signal): safe points only
         self.nl = kernel.Netlink()
@@ -455,7 +458,7 @@ class _Builder:
         steps = [self.nodes, self.open_netlink, self.sysctls, self.links, self.configure_nodes, self.management,
                  self.isolate]
         if self.spec.rdma == "softroce":
-            steps.append(lambda: self.softroce([s.name for s in self.topology.servers if self.mine(s.name)]))
+            steps.append(lambda: self.softroce(self.servers_here))
         steps.append(self.settle)
         try:
             for step in steps:
@@ -465,14 +468,14 @@ class _Builder:
             self.nl.close()
 
     def open_netlink(self) -> None:
-        self.nl.open([None, *(ns for node, ns in self.plan.namespaces.items() if self.mine(node))])
+        self.nl.open([None, *(self.plan.namespaces[node] for node in self.here)])
 
     def record(self, entries: list[Entry]) -> None:
         self.lab.state.record(entries)
 
     def nodes(self) -> None:
         """Every node's namespace (a container's for Docker servers), made by its runtime."""
-        for runtime, nodes in by_runtime(self.plan, [n for n in self.topology.nodes if self.mine(n)]):
+        for runtime, nodes in by_runtime(self.plan, self.here):
             runtime.create(self, nodes)
 
     def made(self, stage: str, count: int) -> None:
@@ -481,7 +484,7 @@ class _Builder:
         self.progress(stage, self._made, len(self.topology.nodes))
 
     def sysctls(self) -> None:
-        by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.topology.nodes if self.mine(n)}
+        by_namespace = {self.plan.namespaces[n]: self.lab.sysctls(n) for n in self.here}
         kernel.in_namespaces(by_namespace, lambda ns: kernel.write_sysctls(by_namespace[ns], OPTIONAL_SYSCTLS))
         for ns in by_namespace:
             kernel.set_up(self.nl, ns, "lo")
@@ -507,8 +510,7 @@ class _Builder:
         """This host's end of each wire to another host: a VXLAN device made here, on the
         underlay, and created inside its node's namespace under the link end's name."""
         part, ns = self.part, self.plan.namespaces
-        ends = [(wire, end, here, there) for wire in part.wires
-                for end, here, there in ((wire.link.a, *wire.hosts), (wire.link.b, *wire.hosts[::-1]))
+        ends = [(wire, end, here, there) for wire in part.wires for end, here, there in wire.ends()
                 if here == part.host]
         self.record([Entry("wire", end.interface, {"netns": ns[end.node], "vni": wire.vni}) for wire, end, _, _ in ends])
         for wire, end, here, there in ends:
@@ -520,7 +522,7 @@ class _Builder:
         """Per node, in its own namespace: bridge and ports, addresses, shaping of its link
         ends, routes. A node's whole configuration stays with one worker."""
         kernel.in_workers(
-            [n for n in self.topology.nodes if self.mine(n)], self.configure_node,
+            self.here, self.configure_node,
             lambda done, total: self.progress("configuring nodes", done, total), checkpoint=self.checkpoint,
         )
 
@@ -586,7 +588,7 @@ class _Builder:
             self.mgmt_inside(nl, server)
 
         # seven requests a server, ~1 ms of pyroute2 each: spread over the cores
-        kernel.in_workers([s for s in plan.mgmt if self.mine(s)], attach,
+        kernel.in_workers(self.servers_here, attach,
                           lambda done, total: self.progress("management", done, total), checkpoint=self.checkpoint)
 
     def mgmt_inside(self, nl: kernel.Netlink, server: str) -> None:
@@ -661,5 +663,5 @@ class _Builder:
             isolation.apply(self.plan)
         else:  # the orchestrator is elsewhere: this host forwards its calls onto the management bridge
             kernel.write_sysctls({"net.ipv4.ip_forward": "1"})
-            isolation.apply(self.plan, [s for s in self.plan.mgmt if self.mine(s)])
+            isolation.apply(self.plan, self.servers_here)
         self.progress("isolation", 1, 1)

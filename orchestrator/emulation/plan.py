@@ -67,8 +67,8 @@ def cpu_mask(cpus: int) -> str:
     return ",".join(digits[i : i + 8] for i in range(0, len(digits), 8))
 
 
-def namespace_name(lab: str, node: str) -> str:
-    return f"{NAMESPACE_PREFIX}{lab}-{node}"
+def namespace_name(lab: str, node: str, prefix: str = NAMESPACE_PREFIX) -> str:
+    return f"{prefix}{lab}-{node}"
 
 
 def link_group(lab: str) -> int:

@@ -92,12 +92,12 @@ class DaskEngine:
         while self.missing(expected):
             if time.monotonic() > deadline:
                 raise EngineError(f"hosts {', '.join(self.missing(expected))} did not join the engine within "
-                                  f"{timeout:.0f} s: check that their workers run (testbed hosts status)")
+                                  f"{timeout:.0f} s: check that their workers run and reach the scheduler")
             time.sleep(0.2)
 
     def run_on(self, host: str, work: Callable[..., Any], *args: Any, timeout: float = 600.0) -> Any:
         if self.missing([host]):
-            raise HostLost(f"host {host} is not connected to the engine: start its worker (testbed hosts up)")
+            raise HostLost(f"host {host} is not connected to the engine: start its worker there (worker_argv)")
         future = self.client.submit(work, *args, resources={RESOURCE.format(host): 1}, pure=False)
         deadline = time.monotonic() + timeout
         try:

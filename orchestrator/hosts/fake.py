@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from orchestrator.emulation import kernel
+from orchestrator.emulation.plan import NAMESPACE_PREFIX, namespace_name
 from orchestrator.errors import EmulationError
 
 # The underlay is a free /24 of the benchmarking range (RFC 2544), from its top down (lab
@@ -58,14 +59,20 @@ class FakeHosts:
         named namespaces are every fake host's)."""
         env = dict(os.environ)
         if state is not None:
-            env.update(TESTBED_STATE=str(state), TESTBED_NETNS_PREFIX=f"testbed-{host}-")
+            env.update(TESTBED_STATE=str(state), TESTBED_NETNS_PREFIX=self.netns_prefix(host))
         with open(log, "ab") as out:
             return subprocess.Popen(kernel.in_netns(self.namespace(host)) + argv, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
+    @staticmethod
+    def netns_prefix(host: str) -> str:
+        """How `host`'s worker (started with a `state`) begins the names of lab namespaces."""
+        return f"{NAMESPACE_PREFIX}{host}-"
+
     def node_namespace(self, host: str, lab: str, node: str) -> str:
-        """Where `host`'s worker (started with a `state`) puts a lab node's namespace."""
-        return f"testbed-{host}-{lab}-{node}"
+        """Where `host`'s worker (started with a `state`) puts a lab node's namespace ("": the
+        prefix of all the lab's there)."""
+        return namespace_name(lab, node, self.netns_prefix(host))
 
 
 def underlay_addresses() -> list[str]:

@@ -34,6 +34,11 @@ from orchestrator.topology import Topology, from_lab
 from orchestrator.topology.partition import Host, Placement, check_underlay, place
 
 
+def _state_dir(name: str) -> Path:
+    """Where this machine keeps its side of split lab `name`."""
+    return state_root() / "split" / name
+
+
 @dataclass(frozen=True)
 class SplitState:
     """The orchestrator's side of a split lab's state: where its secret and deployment notes
@@ -66,7 +71,7 @@ class SplitLab:
 
     @property
     def state(self) -> SplitState:
-        directory = state_root() / "split" / self.spec.name
+        directory = _state_dir(self.spec.name)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         return SplitState(directory)
 
@@ -87,31 +92,47 @@ class SplitLab:
         hosts = [host.name for host in self.placement.hosts]
         servers = {host: [s.name for s in self.topology.servers if self.placement.host_of[s.name] == host]
                    for host in hosts}
-        walks = []  # [server, src, sport, dst, dport, node, iif, path]
+        walks: list[_Walk] = []
         for host in hosts:
             for server, src, sport, dst, dport in self.engine.run_on(host, connections_part, self.name,
                                                                         servers[host], port):
-                if self.topology.owner(dst) is None:
+                target = self.topology.owner(dst)
+                if target is None:
                     raise EmulationError(f"{server} has a connection to {dst}, which no node of lab {self.name} holds")
-                walks.append([server, src, sport, dst, dport, server, None, [server]])
-        active = list(range(len(walks)))
+                walks.append(_Walk(server, src, sport, dst, dport, target.node, server, None, [server]))
         for _ in range(4 * len(self.topology.nodes)):
-            active = [i for i in active if walks[i][5] != self.topology.owner(walks[i][3]).node]
+            active = [i for i, walk in enumerate(walks) if walk.node != walk.target]
             if not active:
                 break
             asked: dict[str, list] = {}
             for i in active:
-                server, src, sport, dst, dport, node, iif, _ = walks[i]
-                asked.setdefault(self.placement.host_of[node], []).append((i, node, dst, src, iif, sport, dport))
+                walk = walks[i]
+                asked.setdefault(self.placement.host_of[walk.node], []).append(
+                    (i, walk.node, walk.dst, walk.src, walk.arrived_on, walk.sport, walk.dport))
             for host, queries in asked.items():
                 for i, oif, gateway in self.engine.run_on(host, route_part, self.name, queries):
                     walk = walks[i]
-                    walk[7] += self.topology.hop(walk[5], oif, gateway or walk[3])
-                    entry = self.topology.owner(gateway or walk[3])
-                    walk[5], walk[6] = entry.node, entry.interface
+                    walk.path += self.topology.hop(walk.node, oif, gateway or walk.dst)
+                    entry = self.topology.owner(gateway or walk.dst)
+                    walk.node, walk.arrived_on = entry.node, entry.interface
         else:
-            raise EmulationError(f"paths of lab {self.name} loop: {[walks[i][7][:12] for i in active[:1]]}")
-        return {(walk[0], walk[3]): walk[7] for walk in walks}
+            raise EmulationError(f"paths of lab {self.name} loop: {[w.path[:12] for w in walks if w.node != w.target][:1]}")
+        return {(walk.server, walk.dst): walk.path for walk in walks}
+
+
+@dataclass
+class _Walk:
+    """One connection's path being followed, hop by hop (SplitLab.connection_paths)."""
+
+    server: str
+    src: ipaddress.IPv4Address
+    sport: int
+    dst: ipaddress.IPv4Address
+    dport: int
+    target: str  # the node that holds dst
+    node: str  # where the walk is
+    arrived_on: str | None  # the interface it came in by (None: it starts here)
+    path: list[str]
 
 
 @dataclass(frozen=True)
@@ -173,11 +194,14 @@ def _route_management(plan: LabPlan, placement: Placement,
 
     routes = []
     with IPRoute() as ipr, kernel.Netlink() as nl:
+        towards = {}  # a host's underlay address → this machine's device that reaches it
+        for address in set(underlay.values()):
+            index = ipr.route("get", dst=str(address))[0].get_attr("RTA_OIF")
+            towards[address] = ipr.link("get", index=index)[0].get_attr("IFLA_IFNAME")
         for server, (_, address) in plan.mgmt.items():
             host = underlay[placement.host_of[server]]
-            device = ipr.route("get", dst=str(host))[0].get_attr("RTA_OIF")
             prefix = ipaddress.IPv4Network(address.ip)
-            kernel.add_route(nl, None, prefix, [(ipr.link("get", index=device)[0].get_attr("IFLA_IFNAME"), host)])
+            kernel.add_route(nl, None, prefix, [(towards[host], host)])
             routes.append(prefix)
     return tuple(routes)
 
@@ -190,7 +214,7 @@ def down(lab: SplitLab, engine: HostEngine | None = None) -> dict[str, dict]:
             kernel.delete_route(nl, None, prefix)
     name, hosts = lab.spec.name, [host.name for host in lab.placement.hosts]
     engine = engine or lab.engine
-    shutil.rmtree(state_root() / "split" / name, ignore_errors=True)  # its secret and deployment notes
+    shutil.rmtree(_state_dir(name), ignore_errors=True)  # its secret and deployment notes
     out = {}
     for host in hosts:
         if engine.missing([host]):

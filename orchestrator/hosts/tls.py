@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.emulation.journal import write_inside
+from orchestrator.errors import BadUsage
 
 VALID_DAYS = 365
 
@@ -41,8 +42,10 @@ def credentials(directory: Path, party: str) -> Credentials:
     from cryptography.x509.oid import NameOID
 
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.is_symlink() or (directory.stat().st_mode & 0o077):
-        os.chmod(directory, 0o700, follow_symlinks=False)
+    if directory.is_symlink():  # its keys would be read and written wherever it leads
+        raise BadUsage(f"{directory}: is a symlink; testbed keeps no key behind one: remove the link")
+    if directory.stat().st_mode & 0o077:
+        os.chmod(directory, 0o700)
     pem = serialization.Encoding.PEM
     now = datetime.datetime.now(datetime.timezone.utc)
 

@@ -9,11 +9,9 @@ applied to it unchanged. Unicast to the other host, no learning: a wire, not a s
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable
 
-from orchestrator.emulation import kernel
 from orchestrator.errors import EmulationError
 from orchestrator.topology.model import Endpoint, Link, Topology
 from orchestrator.topology.partition import Placement
@@ -26,6 +24,10 @@ class Wire:
     link: Link
     vni: int
     hosts: tuple[str, str]  # the hosts of link.a and link.b
+
+    def ends(self) -> tuple[tuple[Endpoint, str, str], ...]:
+        """(link end, its host, the other end's host) of both ends: what each host makes."""
+        return (self.link.a, *self.hosts), (self.link.b, *self.hosts[::-1])
 
 
 def plan(topology: Topology, placement: Placement, taken: Iterable[int] = ()) -> list[Wire]:
@@ -42,9 +44,3 @@ def plan(topology: Topology, placement: Placement, taken: Iterable[int] = ()) ->
         wires.append(Wire(link, vni, (placement.host_of[link.a.node], placement.host_of[link.b.node])))
     return wires
 
-
-def make_end(nl: kernel.Netlink, wire: Wire, end: Endpoint, host_ns: str | None,
-             underlay: Mapping[str, ipaddress.IPv4Address], node_ns: str, txqlen: int, mtu: int) -> None:
-    """The VXLAN device of one end of `wire`, in `node_ns`, named as the link end is."""
-    here, there = wire.hosts if end == wire.link.a else wire.hosts[::-1]
-    kernel.add_vxlan(nl, host_ns, end.interface, wire.vni, underlay[here], underlay[there], node_ns, txqlen, mtu)

@@ -50,7 +50,7 @@ def test_a_split_lab_reaches_every_pair_along_the_one_host_paths(engine, argumen
         assert built.wires and {placement.host_of[s.name] for s in topology.servers} == {"x", "y"}
         servers = [s.name for s in topology.servers]
         namespace = {node: hosts.node_namespace(placement.host_of[node], name, node) for node in topology.nodes}
-        assert set(kernel.list_namespaces(f"testbed-x-{name}-")) == {namespace[n] for n in topology.nodes
+        assert set(kernel.list_namespaces(hosts.node_namespace("x", name, ""))) == {namespace[n] for n in topology.nodes
                                                                      if placement.host_of[n] == "x"}
         pings = {src: subprocess.Popen(kernel.in_netns(namespace[src]) + [
             "fping", "-q", "-r", "2", "-t", "300", "-i", "1",
@@ -80,7 +80,7 @@ def test_a_split_lab_reaches_every_pair_along_the_one_host_paths(engine, argumen
     assert not [r for r in built.routes if str(r.network_address) in subprocess.run(
         ["ip", "-4", "route"], capture_output=True, text=True).stdout]  # this machine's routes went too
     assert all(not report.get("lost") for report in cleaned.values())
-    assert not kernel.list_namespaces(f"testbed-x-{name}-") and not kernel.list_namespaces(f"testbed-y-{name}-")
+    assert not [ns for host in hosts.names for ns in kernel.list_namespaces(hosts.node_namespace(host, name, ""))]
 
 
 @pytest.mark.parametrize("argument, algorithm", [("bcube,2,1", "ring")])  # more labs: bench/multihost.py

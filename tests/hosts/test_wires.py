@@ -51,10 +51,9 @@ def split():
                 for node in ("s", "t"):
                     kernel.add_bridge(nl, nodes[node], "br0")
                 for wire in planned:
-                    for end in (wire.link.a, wire.link.b):
-                        host = placement.host_of[end.node]
-                        wires.make_end(nl, wire, end, hosts.namespace(host), hosts.underlay, nodes[end.node], 1000,
-                                       1500)
+                    for end, here, there in wire.ends():
+                        kernel.add_vxlan(nl, hosts.namespace(here), end.interface, wire.vni, hosts.address(here),
+                                         hosts.address(there), nodes[end.node], 1000, 1500)
                         kernel.set_up(nl, nodes[end.node], end.interface)
                         kernel.shape(nl, nodes[end.node], end.interface, 50_000_000, 100)
                         if end.node in ("s", "t"):
