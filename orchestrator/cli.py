@@ -32,6 +32,9 @@ monitor_app = typer.Typer(help="A Prometheus per lab scraping its agents (127.0.
 app.add_typer(monitor_app, name="monitor")
 grafana_app = typer.Typer(help="Grafana dashboards of the labs, built from code.", no_args_is_help=True)
 app.add_typer(grafana_app, name="grafana")
+hosts_app = typer.Typer(help="The hosts a lab may be split over: a worker on each, a scheduler here.",
+                        no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
 out = Console()
 err = Console(stderr=True)
 
@@ -75,6 +78,64 @@ def main() -> None:
         err.print(Text("error: ", style="bold red") + Text(f"{command}: {exc.format_message()} (see --help)"),
                   highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+
+
+# -- hosts ------------------------------------------------------------------------------------
+@hosts_app.command("up")
+def hosts_up(file: Path = typer.Argument(..., help="a hosts file (README: Labs over several hosts)")) -> None:
+    """Start the engine's scheduler here and install a supervised worker on every host
+    (Ansible, mutual TLS); wait until every host has joined. Idempotent."""
+    from orchestrator.hosts import workers
+    from orchestrator.spec.hosts import HostsSpec
+    from orchestrator.spec.loader import load
+
+    spec = load(HostsSpec, file)
+    with _progress() as progress:
+        task = progress.add_task("hosts", total=None)
+        done = workers.up(spec, lambda stage, n, total: progress.update(task, description=stage[:60], completed=n,
+                                                                          total=total or None))
+    out.print(f"hosts {', '.join(done['hosts'])} are up, scheduler {done['address']} "
+              f"({done['changed']} changes, {done['seconds']} s)", highlight=False)
+
+
+@hosts_app.command("status")
+def hosts_status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The scheduler, and each host: joined or missing, and the labs it holds a share of."""
+    from orchestrator.hosts import workers
+
+    report = workers.status()
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    if not report["up"]:
+        out.print("no hosts are up")
+        return
+    running = "running" if report["scheduler_running"] else "[red]not running[/]"
+    out.print(f"scheduler {report['address']}: {running}")
+    table = Table("host", "address", "worker", "labs")
+    for name, host in report["hosts"].items():
+        table.add_row(name, host["address"], "joined" if host["joined"] else "[red]missing[/]",
+                      ", ".join(host["labs"]) or "-")
+    out.print(table)
+
+
+@hosts_app.command("down")
+def hosts_down(force: bool = typer.Option(False, "--force", help="clean the labs the hosts hold first")) -> None:
+    """Stop and remove every host's worker and the scheduler (refused while a host holds a lab,
+    unless --force)."""
+    from orchestrator.hosts import workers
+
+    with _progress() as progress:
+        task = progress.add_task("hosts", total=None)
+        done = workers.down(lambda stage, n, total: progress.update(task, description=stage[:60], completed=n,
+                                                                      total=total or None), force=force)
+    if not done["stopped"] and not done.get("unreached"):
+        out.print("no hosts were up")
+        return
+    out.print(f"hosts {', '.join(done['stopped']) or 'none'} are down")
+    for host in done.get("unreached", []):
+        err.print(f"host {host} could not be reached: its worker may still run there (bring the hosts up and down "
+                  "again once it is reachable)")
 
 
 # -- topology ---------------------------------------------------------------------------------
@@ -219,6 +280,8 @@ def up(
     lab: str = typer.Argument(..., help=LAB_HELP),
     runtime: Optional[str] = typer.Option(None, help="override servers.runtime: docker | netns"),
     name: Optional[str] = typer.Option(None, help="override the lab's name"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="a hosts file whose hosts are up (testbed hosts "
+                                         "up): the lab split over them"),
     plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Make a lab live: servers, switches, shaped links, routes, management network."""
@@ -227,6 +290,9 @@ def up(
 
     _load_plugins(plugin)
     spec = lab_from_argument(lab, **{"servers.runtime": runtime, "name": name})
+    if hosts is not None:
+        _split_up(spec, hosts)
+        return
     with _progress() as progress:
         task = progress.add_task("checking", total=None)
 
@@ -243,6 +309,33 @@ def up(
     )
 
 
+def _split_up(spec, path: Path) -> None:
+    """`testbed up --hosts FILE`: the lab over hosts that are up, each building its share."""
+    from orchestrator.hosts import split, workers
+    from orchestrator.spec.hosts import HostsSpec
+    from orchestrator.spec.loader import load
+
+    listed = load(HostsSpec, path)
+    engine, running = workers.connect()
+    try:
+        known = {host.name: host.address for host in running.hosts}
+        for index, host in enumerate(listed.hosts):
+            if known.get(host.name) != host.address:
+                raise BadUsage(f"hosts.{index}: host {host.name} at {host.address} is not up: "
+                               f"`testbed hosts up {path}` first")
+        with _progress() as progress:
+            progress.add_task(f"building on {len(listed.hosts)} hosts", total=None)
+            built = split.up(spec, engine, [host.host() for host in listed.hosts],
+                             {host.name: host.address for host in listed.hosts})
+    finally:
+        engine.close()
+    shares = {host.name: sum(1 for s in built.topology.servers if built.placement.host_of[s.name] == host.name)
+              for host in listed.hosts}
+    out.print(f"lab [bold]{spec.name}[/] is up over {len(shares)} hosts ("
+              + ", ".join(f"{h}: {n} servers" for h, n in shares.items())
+              + f"), {len(built.wires)} VXLAN wires; management {built.plan.mgmt_subnet}", highlight=False)
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -254,9 +347,31 @@ def _progress() -> Progress:
 def down(name: str = typer.Argument(..., help="lab name")) -> None:
     """Remove a live lab completely (a crashed build too)."""
     from orchestrator.emulation import Lab
+    from orchestrator.hosts import split
 
-    Lab.attach(name, crashed_ok=True).down()
+    if split.exists(name):
+        left = [host for host, result in _split_clean(name).items() if result.get("lost")]
+        if left:
+            raise TestbedError(f"lab {name}: hosts {', '.join(left)} are out of reach: their share stays until "
+                               f"`testbed clean {name}` reaches them")
+    else:
+        Lab.attach(name, crashed_ok=True).down()
     out.print(f"lab {name} is down")
+
+
+def _split_clean(name: str) -> dict:
+    """A split lab's record cleaned: here, and on every host the engine reaches."""
+    from orchestrator.hosts import split, workers
+
+    try:
+        engine, _ = workers.connect(timeout=10.0)
+    except TestbedError as exc:
+        err.print(f"the hosts' engine is out of reach ({exc}): cleaning this machine's side only")
+        return split.clean(name, None)
+    try:
+        return split.clean(name, engine)
+    finally:
+        engine.close()
 
 
 @app.command()
@@ -272,7 +387,16 @@ def clean(
         raise BadUsage("clean takes a lab name or --all, not both")
     if name is None and not every:
         raise BadUsage("clean needs a lab name (testbed ls lists them), or --all for every lab")
+    from orchestrator.hosts import split
+
     busy: list[str] = []
+    for lab in split.names() if every else [name] if split.exists(name) else []:
+        for where, result in _split_clean(lab).items():
+            if result.get("lost"):
+                err.print(f"lab {lab}: host {where} is out of reach: its share stays until it is cleaned")
+            elif any(result.values()):
+                place = "this machine" if where == "here" else f"host {where}"
+                out.print(f"lab {lab} on {place}: removed " + ", ".join(f"{n} {what}" for what, n in result.items()))
     if every:
         removed, busy = cleanup.clean_all()
     else:
@@ -305,6 +429,7 @@ def list_labs(as_json: bool = typer.Option(False, "--json")) -> None:
                 "management": info.get("mgmt_subnet"),
             }
         )
+    rows += _split_rows()
     if as_json:
         print(json.dumps(rows, indent=1))
         return
@@ -315,6 +440,24 @@ def list_labs(as_json: bool = typer.Option(False, "--json")) -> None:
     for row in rows:
         table.add_row(row["name"], str(row["status"]), _params(row["topology"] or {}), str(row["runtime"]), str(row["management"]))
     out.print(table)
+
+
+def _split_rows() -> list[dict]:
+    """`testbed ls` rows of the split labs recorded here."""
+    from orchestrator.hosts import split
+
+    rows = []
+    for lab in split.names():
+        try:
+            data = split.read_record(lab)
+            spec, hosts = data["spec"], [host["name"] for host in data["hosts"]]
+            rows.append({"name": lab, "status": f"{data['status']} over hosts {', '.join(hosts)}",
+                         "topology": spec.get("topology"), "runtime": spec.get("servers", {}).get("runtime"),
+                         "management": spec.get("management", {}).get("subnet")})
+        except (TestbedError, KeyError, TypeError, AttributeError):
+            rows.append({"name": lab, "status": f"unreadable — run testbed clean {lab}", "topology": None,
+                         "runtime": None, "management": None})
+    return rows
 
 
 @app.command()

@@ -63,7 +63,8 @@ def expected_results(playbook: str, hosts: int) -> int:
     import yaml
 
     role = {"deploy.yml": "agent/tasks/main.yml", "undeploy.yml": "agent/tasks/remove.yml",
-            "sshd.yml": "sshd/tasks/main.yml"}.get(playbook)
+            "sshd.yml": "sshd/tasks/main.yml", "hosts.yml": "worker/tasks/main.yml",
+            "hosts-down.yml": "worker/tasks/remove.yml"}.get(playbook)
     if role is None:
         return 0
     return hosts * len(yaml.safe_load((PLAYBOOKS / "roles" / role).read_text()) or [])

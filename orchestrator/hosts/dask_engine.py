@@ -54,9 +54,9 @@ def start_scheduler(state_dir: Path, listen: str, timeout: float = 60.0,
                       f"{state_dir / 'scheduler.log'}")
 
 
-def worker_argv(address: str, host: str, tls: Credentials) -> list[str]:
-    """The command that runs `host`'s worker (as root, on that host)."""
-    return [sys.executable, "-m", "distributed.cli.dask_worker", address, "--name", host,
+def worker_argv(address: str, host: str, tls: Credentials, python: str = sys.executable) -> list[str]:
+    """The command that runs `host`'s worker (as root, on that host, with its `python`)."""
+    return [python, "-m", "distributed.cli.dask_worker", address, "--name", host,
             "--resources", f"{RESOURCE.format(host)}=1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
             *tls.worker_args()]
 

@@ -8,14 +8,20 @@ without the engine.
 
 Management: every host lays out the same plan (one subnet, chosen here); each forwards what
 this machine sends its servers onto its management bridge from the gateway's address, and
-this machine routes each server's address via its host. Not yet journalled here: a crash of
-the orchestrator leaves those routes (each host's share is in that host's journal).
+this machine routes each server's address via its host.
+
+This machine's side is a record, `<state>/split/<name>/split.json`, written before any host
+builds and before any route is added: the spec, the placement, the wires, the underlay and
+the routes. `attach` makes the lab again from it in another process (`testbed down`), and
+`clean` removes what it names after a crash, here and, where the engine reaches them, on
+the hosts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,20 +29,63 @@ from pathlib import Path
 from typing import Mapping
 
 from orchestrator.emulation import kernel
-from orchestrator.emulation.journal import state_root
+from orchestrator.emulation.journal import LabState, check_name, global_lock, state_root, write_inside
 from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
-from orchestrator.errors import EmulationError
+from orchestrator.errors import EmulationError, LabExists, LabNotFound
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Topology, from_lab
 from orchestrator.topology.partition import Host, Placement, check_underlay, place
 
 
+RECORD = "split.json"
+
+
 def _state_dir(name: str) -> Path:
     """Where this machine keeps its side of split lab `name`."""
-    return state_root() / "split" / name
+    return state_root() / "split" / check_name(name)
+
+
+def exists(name: str) -> bool:
+    return (_state_dir(name) / RECORD).is_file()
+
+
+def names() -> list[str]:
+    """The split labs this machine holds a record of."""
+    root = state_root() / "split"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if not p.is_symlink() and (p / RECORD).is_file())
+
+
+def read_record(name: str) -> dict:
+    try:
+        data = json.loads((_state_dir(name) / RECORD).read_text())
+    except FileNotFoundError:
+        raise LabNotFound(f"no split lab named {name!r} is live") from None
+    except (OSError, ValueError) as exc:
+        raise EmulationError(f"split lab {name}: its record is unreadable ({exc}): `testbed clean {name}`") from None
+    if not isinstance(data, dict):
+        raise EmulationError(f"split lab {name}: its record is not one: `testbed clean {name}`")
+    return data
+
+
+def _save(lab: "SplitLab", underlay: Mapping[str, ipaddress.IPv4Address], status: str) -> None:
+    topology = lab.topology
+    index = {(link.a, link.b): i for i, link in enumerate(topology.links)}
+    _state_dir(lab.name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_inside(_state_dir(lab.name), RECORD, json.dumps({
+        "status": status,
+        "spec": lab.spec.model_dump(mode="json"),
+        "hosts": [dataclasses.asdict(host) for host in lab.placement.hosts],
+        "host_of": dict(lab.placement.host_of),
+        "method": lab.placement.method,
+        "wires": [[index[(w.link.a, w.link.b)], w.vni, *w.hosts] for w in lab.wires],
+        "underlay": {host: str(address) for host, address in underlay.items()},
+        "routes": [str(prefix) for prefix in lab.routes],
+    }, indent=1))
 
 
 @dataclass(frozen=True)
@@ -120,6 +169,34 @@ class SplitLab:
         return {(walk.server, walk.dst): walk.path for walk in walks}
 
 
+def attach(name: str, engine: HostEngine) -> SplitLab:
+    """The split lab `name` as its record describes it, its hosts' work done by `engine`."""
+    data = read_record(name)
+    try:
+        spec = LabSpec.model_validate(data["spec"])
+        topology = from_lab(spec)
+        placement = Placement(tuple(Host(**host) for host in data["hosts"]), dict(data["host_of"]), data["method"])
+        wires = tuple(wires_lib.Wire(topology.links[i], int(vni), (a, b)) for i, vni, a, b in data["wires"])
+        routes = tuple(ipaddress.IPv4Network(prefix) for prefix in data["routes"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise EmulationError(f"split lab {name}: its record does not describe a lab ({exc}): "
+                             f"`testbed clean {name}`") from None
+    plan = LabPlan(spec.name, topology, spec.servers.runtime, spec.management.subnet)
+    return SplitLab(spec, topology, placement, wires, plan, engine, routes)
+
+
+def vnis_taken(hosts: list[str]) -> set[int]:
+    """The VNIs of the wires of every split lab recorded here that uses one of `hosts`."""
+    taken = set()
+    for other in names():
+        try:
+            data = read_record(other)
+            taken |= {int(vni) for _, vni, a, b in data.get("wires", []) if a in hosts or b in hosts}
+        except (EmulationError, TypeError, ValueError):
+            continue
+    return taken
+
+
 @dataclass
 class _Walk:
     """One connection's path being followed, hop by hop (SplitLab.connection_paths)."""
@@ -168,31 +245,38 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
     topology = from_lab(spec)
     placement = place(topology, hosts, default_bps=spec.links.bandwidth)
     check_underlay(topology, placement, spec.links.bandwidth, spec.links.mtu)
-    wires = tuple(wires_lib.plan(topology, placement))
-    # one management subnet for every host, free here, where the orchestrator routes to it
-    subnet = management_subnet(spec, topology)
-    spec = spec.model_copy(update={"management": spec.management.model_copy(update={"subnet": subnet})})
-    plan = LabPlan(spec.name, topology, spec.servers.runtime, subnet)
+    with global_lock():
+        if exists(spec.name) or LabState(spec.name).exists():
+            raise LabExists(f"lab {spec.name} is live already: `testbed down {spec.name}` first, or give another name")
+        wires = tuple(wires_lib.plan(topology, placement, taken=vnis_taken([host.name for host in hosts])))
+        # one management subnet for every host, free here, where the orchestrator routes to it
+        subnet = management_subnet(spec, topology)
+        spec = spec.model_copy(update={"management": spec.management.model_copy(update={"subnet": subnet})})
+        plan = LabPlan(spec.name, topology, spec.servers.runtime, subnet)
+        built = SplitLab(spec, topology, placement, wires, plan, engine)
+        _save(built, underlay, "building")  # before anything is built: `clean` finds it after a crash
     document = spec.model_dump(mode="json")
-    names = [host.name for host in hosts]
-    with ThreadPoolExecutor(len(names)) as pool:
+    host_names = [host.name for host in hosts]
+    with ThreadPoolExecutor(len(host_names)) as pool:
         futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
-                                     dict(underlay)) for name in names}
+                                     dict(underlay)) for name in host_names}
         errors = [future.exception() for future in futures.values()]
-    built = SplitLab(spec, topology, placement, wires, plan, engine)
     if any(errors):
         down(built, engine)
         raise next(error for error in errors if error)
-    return dataclasses.replace(built, routes=_route_management(plan, placement, underlay))
+    built = dataclasses.replace(built, routes=tuple(ipaddress.IPv4Network(address.ip)
+                                                    for _, address in plan.mgmt.values()))
+    _save(built, underlay, "building")  # the routes, before they are added
+    _route_management(plan, placement, underlay)
+    _save(built, underlay, "up")
+    return built
 
 
-def _route_management(plan: LabPlan, placement: Placement,
-                      underlay: Mapping[str, ipaddress.IPv4Address]) -> tuple[ipaddress.IPv4Network, ...]:
+def _route_management(plan: LabPlan, placement: Placement, underlay: Mapping[str, ipaddress.IPv4Address]) -> None:
     """This machine's route to each server's management address, via the server's host (which
     forwards it onto its management bridge from the gateway's address)."""
     from pyroute2 import IPRoute
 
-    routes = []
     with IPRoute() as ipr, kernel.Netlink() as nl:
         towards = {}  # a host's underlay address → this machine's device that reaches it
         for address in set(underlay.values()):
@@ -200,27 +284,58 @@ def _route_management(plan: LabPlan, placement: Placement,
             towards[address] = ipr.link("get", index=index)[0].get_attr("IFLA_IFNAME")
         for server, (_, address) in plan.mgmt.items():
             host = underlay[placement.host_of[server]]
-            prefix = ipaddress.IPv4Network(address.ip)
-            kernel.add_route(nl, None, prefix, [(towards[host], host)])
-            routes.append(prefix)
-    return tuple(routes)
+            kernel.add_route(nl, None, ipaddress.IPv4Network(address.ip), [(towards[host], host)])
+
+
+def _delete_routes(spec: dict, routes: list, underlay: dict) -> int:
+    """This machine's routes a record names, each only if it is a host route inside the lab's
+    management subnet via one of its hosts (a record is a file on disk: nothing else may go on
+    its word)."""
+    from pyroute2 import IPRoute
+
+    try:
+        subnet = ipaddress.IPv4Network(spec["management"]["subnet"])
+        hosts = {str(ipaddress.IPv4Address(address)) for address in underlay.values()}
+        prefixes = [ipaddress.IPv4Network(prefix) for prefix in routes]
+    except (KeyError, TypeError, ValueError):
+        return 0
+    removed = 0
+    with IPRoute() as ipr, kernel.Netlink() as nl:
+        for prefix in prefixes:
+            if prefix.prefixlen != 32 or not prefix.subnet_of(subnet):
+                continue
+            found = ipr.get_routes(family=2, dst=str(prefix.network_address), dst_len=32, table=254)
+            gateways = {route.get_attr("RTA_GATEWAY") for route in found}
+            gateways |= {hop.get_attr("RTA_GATEWAY") for route in found for hop in route.get_attr("RTA_MULTIPATH") or []}
+            if found and gateways <= hosts | {None} and gateways & hosts:
+                removed += kernel.delete_route(nl, None, prefix)
+    return removed
 
 
 def down(lab: SplitLab, engine: HostEngine | None = None) -> dict[str, dict]:
     """Every host's share of the lab removed (what each cleaned), and this machine's routes to
     it; hosts the engine has lost are named in the result and left for `testbed clean` there."""
-    with kernel.Netlink() as nl:
-        for prefix in lab.routes:
-            kernel.delete_route(nl, None, prefix)
-    name, hosts = lab.spec.name, [host.name for host in lab.placement.hosts]
-    engine = engine or lab.engine
-    shutil.rmtree(_state_dir(name), ignore_errors=True)  # its secret and deployment notes
-    out = {}
+    return clean(lab.name, engine or lab.engine)
+
+
+def clean(name: str, engine: HostEngine | None) -> dict[str, dict]:
+    """What split lab `name`'s record names removed: this machine's routes, then each host's
+    share where `engine` reaches it (all of them, built or not: cleaning is idempotent), then
+    the record. Hosts out of reach are named (`"lost": True`) and the record kept for them."""
+    data = read_record(name)
+    out: dict[str, dict] = {"here": {"routes": _delete_routes(data.get("spec") or {}, data.get("routes") or [],
+                                                             data.get("underlay") or {})}}
+    hosts = [host.get("name") for host in data.get("hosts") or [] if isinstance(host, dict)]
     for host in hosts:
-        if engine.missing([host]):
+        if engine is None or engine.missing([host]):
             out[host] = {"lost": True}
             continue
         out[host] = engine.run_on(host, clean_part, name)
+    if not any(result.get("lost") for result in out.values()):
+        shutil.rmtree(_state_dir(name), ignore_errors=True)  # the record, its secret, deployment notes
+    else:
+        data["routes"] = []
+        write_inside(_state_dir(name), RECORD, json.dumps(data, indent=1))
     return out
 
 

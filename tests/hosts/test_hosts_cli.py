@@ -1,0 +1,178 @@
+"""`testbed hosts up|status|down` and `testbed up --hosts` through the command line, over two
+hosts faked as namespaces (`netns:` in the hosts file): Ansible installs a worker under
+daemontools' supervise on each, the scheduler runs here with mutual TLS; a split lab is made,
+listed, reached and taken down by name from other processes; a lab whose `up` was killed
+midway is cleaned by name; a killed worker is started again by its supervisor; `hosts down`
+leaves no process and no state. Every command runs with its state in this test's directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.emulation import kernel
+from orchestrator.hosts.fake import fake_hosts
+
+TESTBED = [str(Path(sys.executable).parent / "testbed")]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """(run, hosts file, fake hosts, state directory): `run(*args)` is `testbed args` with
+    this module's state directory; the hosts are up for the module and down after it."""
+    directory = tmp_path_factory.mktemp("hostscli")
+    state = directory / "state"
+    env = {**os.environ, "TESTBED_STATE": str(state)}
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run(TESTBED + list(args), env=env, capture_output=True, text=True, timeout=600)
+        if ok:
+            assert done.returncode == 0, f"testbed {' '.join(args)}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+        return done
+
+    with fake_hosts(f"tbh{os.getpid() % 1000}", ["x", "y"], orchestrator=True) as hosts:
+        file = directory / "hosts.yaml"
+        file.write_text("hosts:\n" + "".join(
+            f"  - {{name: {h}, address: {hosts.address(h)}, mtu: 9000, netns: {hosts.namespace(h)}}}\n"
+            for h in hosts.names))
+        try:
+            first = run("hosts", "up", str(file))
+            assert "hosts x, y are up" in first.stdout
+            again = run("hosts", "up", str(file))  # idempotent: nothing to change
+            assert "(0 changes" in again.stdout, again.stdout
+            yield run, file, hosts, state
+        finally:
+            run("hosts", "down", "--force", ok=False)
+
+
+def worker_pids(state: Path) -> dict[str, int]:
+    """host → the pid of its running worker (the process supervise keeps up)."""
+    found = {}
+    for host in ("x", "y"):
+        pid = (state / "engine" / "hosts" / host / "service" / "supervise" / "pid")
+        out = subprocess.run(["svstat", str(pid.parent.parent)], capture_output=True, text=True).stdout
+        if ": up (pid " in out:
+            found[host] = int(out.split("(pid ")[1].split(")")[0])
+    return found
+
+
+def test_hosts_status_names_every_joined_host(cli):
+    run, _, hosts, state = cli
+    report = json.loads(run("hosts", "status", "--json").stdout)
+    assert report["scheduler_running"] and report["address"].startswith("tls://")
+    assert {name: entry["joined"] for name, entry in report["hosts"].items()} == {"x": True, "y": True}
+    # the workers run in their hosts' namespaces, under supervise, with their own state
+    pids = worker_pids(state)
+    assert set(pids) == {"x", "y"}
+    for host, pid in pids.items():
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{hosts.namespace(host)}").st_ino
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"TESTBED_STATE={state / 'engine' / 'hosts' / host / 'state'}".encode() in environ
+
+
+def test_a_killed_worker_is_started_again_by_its_supervisor(cli):
+    run, _, _, state = cli
+    before = worker_pids(state)["x"]
+    os.kill(before, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        report = json.loads(run("hosts", "status", "--json").stdout)
+        now = worker_pids(state).get("x")
+        if now not in (None, before) and report["hosts"]["x"]["joined"]:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"host x's worker was not back within 60 s: {report}")
+
+
+def test_a_split_lab_from_the_command_line(cli):
+    run, file, hosts, state = cli
+    made = run("up", "bcube,2,1", "--name", "clisp", "--runtime", "netns", "--hosts", str(file))
+    assert "is up over 2 hosts" in made.stdout
+    try:
+        rows = {row["name"]: row for row in json.loads(run("ls", "--json").stdout)}
+        assert rows["clisp"]["status"] == "up over hosts x, y"
+        held = json.loads(run("hosts", "status", "--json").stdout)["hosts"]
+        assert held["x"]["labs"] == ["clisp"] and held["y"]["labs"] == ["clisp"]
+        refused = run("hosts", "down", ok=False)  # the hosts hold the lab
+        assert refused.returncode != 0 and "clisp" in refused.stderr and "\n" not in refused.stderr.strip()
+        again = run("up", "bcube,2,1", "--name", "clisp", "--runtime", "netns", "--hosts", str(file), ok=False)
+        assert again.returncode != 0 and "is live already" in again.stderr
+        # this machine reaches every server's management address through the server's host
+        record = json.loads((state / "split" / "clisp" / "split.json").read_text())
+        assert len(record["routes"]) == 4
+        reached = subprocess.run(["fping", "-q", "-r", "2", "-t", "300",
+                                  *(route.split("/")[0] for route in record["routes"])], capture_output=True, text=True)
+        assert reached.returncode == 0, reached.stderr
+    finally:
+        down = run("down", "clisp", ok=False)
+    assert down.returncode == 0, down.stderr
+    assert not (state / "split" / "clisp").exists()
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    assert not [route for route in record["routes"] if route.split("/")[0] + " " in routes]
+    for host in hosts.names:
+        assert not kernel.list_namespaces(hosts.netns_prefix(host)), host
+
+
+def test_an_up_killed_midway_is_cleaned_by_name(cli):
+    run, file, hosts, state = cli
+    env = {**os.environ, "TESTBED_STATE": str(state)}
+    building = subprocess.Popen(TESTBED + ["up", "fattree,4", "--name", "clikill", "--runtime", "netns", "--hosts",
+                                           str(file)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(kernel.list_namespaces(hosts.netns_prefix(host)) for host in hosts.names):  # a host builds
+        assert building.poll() is None and time.monotonic() < deadline, "the build ended before it could be killed"
+        time.sleep(0.02)
+    building.send_signal(signal.SIGKILL)
+    building.wait()
+    rows = {row["name"]: row for row in json.loads(run("ls", "--json").stdout)}
+    assert rows["clikill"]["status"].startswith("building over hosts")
+    cleaned = run("clean", "clikill")
+    assert "lab clikill on host" in cleaned.stdout
+    assert "clikill" not in {row["name"] for row in json.loads(run("ls", "--json").stdout)}
+    for host in hosts.names:
+        assert not kernel.list_namespaces(hosts.netns_prefix(host)), host
+    assert json.loads(run("hosts", "status", "--json").stdout)["hosts"]["x"]["labs"] == []
+
+
+def test_hosts_file_refusals_are_one_line(cli, tmp_path):
+    run, file, _, _ = cli
+    other = tmp_path / "other.yaml"
+    other.write_text("hosts:\n  - {name: z, address: 198.18.254.9, netns: tbnosuch}\n")
+    for args, words in ((["hosts", "up", str(other)], "other hosts are up"),
+                        (["up", "star,2", "--runtime", "netns", "--hosts", str(other)], "host z at 198.18.254.9 is not up")):
+        done = run(*args, ok=False)
+        assert done.returncode != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_hosts_down_leaves_nothing(cli):
+    """Last in the module: down, then no worker, svscan or scheduler runs and no state is left
+    (the fixture's own down then finds nothing)."""
+    run, file, hosts, state = cli
+    pids = list(worker_pids(state).values())
+    scheduler = json.loads((state / "engine" / "engine.json").read_text())["scheduler"]["pid"]
+    done = run("hosts", "down")
+    assert "hosts x, y are down" in done.stdout
+    assert not (state / "engine").exists()
+    for pid in [*pids, scheduler]:
+        deadline = time.monotonic() + 30
+        while running(pid):
+            assert time.monotonic() < deadline, f"process {pid} still runs"
+            time.sleep(0.1)
+    assert run("hosts", "status").stdout.strip() == "no hosts are up"
+    run("hosts", "up", str(file))  # and up again from nothing, for the fixture's own down
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
