@@ -129,6 +129,9 @@ def hosts_down(force: bool = typer.Option(False, "--force", help="clean the labs
         task = progress.add_task("hosts", total=None)
         done = workers.down(lambda stage, n, total: progress.update(task, description=stage[:60], completed=n,
                                                                       total=total or None), force=force)
+    if "removed" in done:
+        out.print(f"removed an unreadable hosts record ({done['removed']}): stop what it started by hand")
+        return
     if not done["stopped"] and not done.get("unreached"):
         out.print("no hosts were up")
         return

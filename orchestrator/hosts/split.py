@@ -179,7 +179,8 @@ def attach(name: str, engine: HostEngine) -> SplitLab:
         wires = tuple(wires_lib.Wire(topology.links[i], int(vni), (a, b)) for i, vni, a, b in data["wires"])
         routes = tuple(ipaddress.IPv4Network(prefix) for prefix in data["routes"])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise EmulationError(f"split lab {name}: its record does not describe a lab ({exc}): "
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise EmulationError(f"split lab {name}: its record does not describe a lab ({reason}): "
                              f"`testbed clean {name}`") from None
     plan = LabPlan(spec.name, topology, spec.servers.runtime, spec.management.subnet)
     return SplitLab(spec, topology, placement, wires, plan, engine, routes)

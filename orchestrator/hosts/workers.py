@@ -255,7 +255,11 @@ def down(progress: Progress, force: bool = False) -> dict:
     """Every worker stopped and removed, the scheduler stopped, the state gone. Refused while
     a host holds a lab's share, unless `force`: then every host first cleans the labs it holds."""
     with global_lock():
-        data = record()
+        try:
+            data = record()
+        except HostsError:  # what it started cannot be known: the record goes
+            shutil.rmtree(engine_dir(), ignore_errors=True)
+            return {"stopped": [], "removed": str(engine_dir())}
         if data is None:
             return {"stopped": []}
         spec = HostsSpec.model_validate(data["hosts"])
