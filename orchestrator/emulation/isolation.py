@@ -22,10 +22,10 @@ made; server tables go with their namespaces.
 
 from __future__ import annotations
 
-from typing import Collection
-
 import ipaddress
 import re
+from dataclasses import dataclass
+from typing import Collection
 
 from orchestrator.emulation import kernel, nft
 from orchestrator.emulation.journal import Entry
@@ -60,20 +60,24 @@ table inet {SERVER_TABLE} {{
 """
 
 
-def root_ruleset(lab_id: str, across_hosts: bool = False) -> str:
+def root_ruleset(lab_id: str, across_hosts: bool = False, wires: "WirePeers | None" = None) -> str:
     """`across_hosts` (a host's share of a split lab): the orchestrator calls from another
     machine, so what this host forwards onto the lab's management links leaves with the
-    gateway's address, the one source the servers answer."""
+    gateway's address, the one source the servers answer. `wires`: the lab's VXLAN wires
+    ending here take packets of their VNIs from the lab's hosts only."""
     table, links = root_table(lab_id), f"tb{lab_id}-*"
     nat = f"""
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
         oifname "{links}" masquerade
     }}""" if across_hosts else ""
+    # the VNI: the 24 bits after the VXLAN header's flags and reserved bytes (UDP's 8 + 4)
+    vxlan = (f"\n        udp dport {wires.port} @th,96,24 {{ {', '.join(map(str, wires.vnis))} }} "
+             f"ip saddr != {{ {', '.join(map(str, wires.hosts))} }} counter drop") if wires and wires.vnis else ""
     chains = nat + "".join(
         f"""
     chain {hook} {{
-        type filter hook {hook} priority {PRIORITY}; policy accept;
+        type filter hook {hook} priority {PRIORITY}; policy accept;{vxlan if hook == "input" else ""}
         iifname "{links}" ct state established,related accept
         iifname "{links}" counter drop
     }}"""
@@ -82,14 +86,25 @@ def root_ruleset(lab_id: str, across_hosts: bool = False) -> str:
     return f"table inet {table}\ndelete table inet {table}\ntable inet {table} {{{chains}\n}}\n"
 
 
+@dataclass(frozen=True)
+class WirePeers:
+    """A split lab's wires as a host's firewall sees them: their VNIs, the hosts they may
+    come from, the UDP port."""
+
+    vnis: tuple[int, ...]
+    hosts: tuple[ipaddress.IPv4Address, ...]
+    port: int = kernel.VXLAN_PORT
+
+
 def journal_entry(plan: LabPlan) -> Entry:
     return Entry("nft_table", root_table(plan.id), {"family": "inet"})
 
 
-def apply(plan: LabPlan, servers: Collection[str] | None = None) -> None:
+def apply(plan: LabPlan, servers: Collection[str] | None = None, wires: WirePeers | None = None) -> None:
     """The lab's root table (replacing a stale one of its name), then every server's table
-    (of `servers` only: a host's share of a split lab, reached from the orchestrator's machine)."""
-    nft.run(root_ruleset(plan.id, across_hosts=servers is not None))
+    (of `servers` only: a host's share of a split lab, reached from the orchestrator's machine,
+    whose `wires` end here)."""
+    nft.run(root_ruleset(plan.id, across_hosts=servers is not None, wires=wires))
     gateway = plan.mgmt_gateway.ip
     rulesets = {plan.namespaces[server]: server_ruleset(address.ip, gateway) for server, (_, address) in plan.mgmt.items()
                 if servers is None or server in servers}

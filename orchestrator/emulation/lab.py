@@ -663,5 +663,10 @@ class _Builder:
             isolation.apply(self.plan)
         else:  # the orchestrator is elsewhere: this host forwards its calls onto the management bridge
             kernel.write_sysctls({"net.ipv4.ip_forward": "1"})
-            isolation.apply(self.plan, self.servers_here)
+            part = self.part
+            here = part.underlay.get(part.host)
+            wires = isolation.WirePeers(
+                tuple(sorted(w.vni for w in part.wires if part.host in w.hosts)),
+                tuple(sorted({a for h, a in part.underlay.items() if h != part.host and a != here})))
+            isolation.apply(self.plan, self.servers_here, wires)
         self.progress("isolation", 1, 1)

@@ -8,6 +8,7 @@ nothing on either host or here."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import subprocess
 
@@ -66,6 +67,8 @@ def test_a_split_lab_reaches_every_pair_along_the_one_host_paths(engine, argumen
             address = topology.address_of(dst)
             paths = [[node for node, layer in path[1:] if layer == "l3"] for path in topology.layered_paths(src, address)]
             assert traced(namespace[src], str(address), topology) in paths, (src, dst, paths)
+        if argument == "bcube,2,1":
+            spoofed_vxlan_is_dropped(built, hosts, namespace)
         # management across hosts: this machine reaches every server's management address
         # through the server's host; a server reaches no other's
         mgmt = [str(built.mgmt_address(s)) for s in servers]
@@ -110,3 +113,40 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
     seconds = statistics.mean(result.back_to_back_times())
     print(f"{algorithm} on {argument} split over two hosts: {seconds:.3f} s, predicted {result.predicted.per_run:.3f} s")
     assert 0.90 <= seconds / result.predicted.per_run <= 1.10
+
+
+def spoofed_vxlan_is_dropped(built, hosts, namespace) -> None:
+    """A frame for one of the lab's wires, sent from an underlay address that is not one of
+    the lab's hosts (this machine's end), is dropped by the host's firewall: the node's wire
+    never sees it."""
+    import socket
+    import struct
+    import time
+
+    wire = built.wires[0]
+    end, here, _ = wire.ends()[0]
+    node_ns, host_ns = namespace[end.node], hosts.namespace(here)
+
+    def received() -> int:
+        shown = subprocess.run(kernel.in_netns(node_ns) + ["ip", "-j", "-s", "link", "show", "dev", end.interface],
+                               capture_output=True, text=True).stdout
+        return json.loads(shown)[0]["stats64"]["rx"]["packets"]
+
+    def dropped() -> int:
+        table = subprocess.run(kernel.in_netns(host_ns) + ["nft", "list", "table", "inet", f"testbed_{built.plan.id}"],
+                               capture_output=True, text=True).stdout
+        line = next(line for line in table.splitlines() if "udp dport 4789" in line)
+        return int(re.search(r"counter packets (\d+)", line).group(1))
+
+    before, seen = received(), dropped()
+    frame = b"\xff" * 6 + b"\x02\x00\x00\x00\x00\x01" + b"\x08\x06" + bytes(46)  # a broadcast
+    header = struct.pack("!II", 0x08000000, wire.vni << 8)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((str(hosts.orchestrator), 0))
+        for _ in range(3):
+            sock.sendto(header + frame, (str(hosts.address(here)), 4789))
+    deadline = time.monotonic() + 10
+    while dropped() < seen + 3:
+        assert time.monotonic() < deadline, "the firewall did not drop VXLAN from outside the lab's hosts"
+        time.sleep(0.1)
+    assert received() == before
