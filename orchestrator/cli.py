@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import typer
 from rich.console import Console
@@ -362,6 +363,23 @@ def down(name: str = typer.Argument(..., help="lab name")) -> None:
     out.print(f"lab {name} is down")
 
 
+@contextmanager
+def _live_lab(name: str) -> Iterator:
+    """The live lab `name`: on this machine, or split over hosts (with the hosts' engine
+    connected while it is used)."""
+    from orchestrator.emulation import Lab
+    from orchestrator.hosts import split, workers
+
+    if not split.exists(name):
+        yield Lab.attach(name)
+        return
+    engine, _ = workers.connect()
+    try:
+        yield split.attach(name, engine)
+    finally:
+        engine.close()
+
+
 def _split_clean(name: str) -> dict:
     """A split lab's record cleaned: here, and on every host the engine reaches."""
     from orchestrator.hosts import split, workers
@@ -499,10 +517,9 @@ def exec_command(
     command: List[str] = typer.Argument(..., help="the command, after --"),
 ) -> None:
     """Run a command on a node: `testbed exec LAB NODE -- CMD ARGS…`."""
-    from orchestrator.emulation import Lab
-
-    lab = Lab.attach(name)
-    raise typer.Exit(lab.runtime_of(node).call(lab, node, command))
+    with _live_lab(name) as lab:
+        code = lab.runtime_of(node).call(lab, node, command)
+    raise typer.Exit(code)
 
 
 @app.command("cli")
@@ -553,10 +570,16 @@ def fault(
 
     `testbed fault LAB link-down h00-l0s0 [--for 5s]`, `testbed fault LAB list`,
     `testbed fault LAB heal [ID]`."""
-    from orchestrator.emulation import Lab
+    with _live_lab(name) as lab:
+        _fault(lab, name, action, target, duration, as_json,
+               {"rate": rate, "delay": delay, "jitter": jitter, "loss": loss, "period": period, "count": count,
+                "direction": direction})
+
+
+def _fault(lab, name: str, action: str, target: Optional[str], duration: Optional[str], as_json: bool,
+           options: dict) -> None:
     from orchestrator.faults import Injector
 
-    lab = Lab.attach(name)
     injector = Injector(lab)
     if action == "list":
         _list_faults(lab, as_json)
@@ -572,8 +595,6 @@ def fault(
     if target is None:
         raise BadUsage(f"testbed fault {name} {action} needs a TARGET (a link A-B, a switch, a server, or servers A,B)")
     seconds = _fault_duration(duration)
-    options = {"rate": rate, "delay": delay, "jitter": jitter, "loss": loss, "period": period, "count": count,
-               "direction": direction}
     from orchestrator.faults import ACTIONS
 
     lasting = action not in ACTIONS or ACTIONS[action].lasting

@@ -59,11 +59,16 @@ def _quiet(stage: str, done: int, total: int) -> None:
 class Lab:
     """A lab that is live on this machine (build one with `Lab.up`, find one with `Lab.attach`)."""
 
-    def __init__(self, spec: LabSpec, plan: LabPlan, state: LabState) -> None:
+    def __init__(self, spec: LabSpec, plan: LabPlan, state: LabState, part: Part | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.state = state
+        self.part = part  # a host's share of a split lab: faults act on the nodes here only
         self._net = None
+
+    def here(self, node: str) -> bool:
+        """Whether `node` lives on this machine (every node, unless the lab is split)."""
+        return self.part is None or self.part.holds(node)
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -89,9 +94,10 @@ class Lab:
                     spec.model_dump(mode="json"),
                     {"status": "building", "pid": os.getpid(), "id": plan.id,
                      "runtime": plan.runtime, "mgmt_subnet": str(plan.mgmt_subnet),
-                     "topology_plugin": plugin_of(spec.topology.kind), "part": part and part.host},
+                     "topology_plugin": plugin_of(spec.topology.kind),
+                     "part": part and {"host": part.host, "host_of": dict(part.host_of)}},
                 )
-            lab = cls(spec, plan, state)
+            lab = cls(spec, plan, state, part)
             try:
                 _Builder(lab, progress, signals.check, part).build()
                 signals.check()  # a signal during the last step still undoes the lab
@@ -119,7 +125,11 @@ class Lab:
         spec = LabSpec.model_validate(written)
         topology = from_lab(spec)
         plan = LabPlan(name, topology, info["runtime"], ipaddress.IPv4Network(info["mgmt_subnet"]))
-        return cls(spec, plan, state)
+        share = info.get("part")
+        part = None
+        if isinstance(share, dict) and isinstance(share.get("host_of"), dict):
+            part = Part(str(share.get("host")), {str(k): str(v) for k, v in share["host_of"].items()})
+        return cls(spec, plan, state, part)
 
     def down(self) -> None:
         if self._net is not None:
@@ -249,7 +259,7 @@ class Lab:
             return None
         with kernel.Netlink() as nl:
             return all(kernel.links_in(nl, self.namespace(end.node)).get(end.interface, {}).get("up", False)
-                       for link in links for end in (link.a, link.b))
+                       for link in links for end in (link.a, link.b) if self.here(end.node))
 
     def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
         """{(server, remote address): node path} of every established TCP connection from a
@@ -296,11 +306,15 @@ class Lab:
         down: dict[str, set[str]] = {}
         for end in reroute.dead_ends(dead_after):
             down.setdefault(end.node, set()).add(end.interface)
-        ns, ends = self.plan.namespaces, {end.node for link, _ in changes for end in (link.a, link.b)}
+        # split over hosts, each host does this for its nodes: a link between hosts is cut at
+        # both ends, each by its own host
+        ns = self.plan.namespaces
+        ends = {end.node for link, _ in changes for end in (link.a, link.b) if self.here(end.node)}
         with kernel.Netlink() as nl:
             for link, up in changes:
                 for end in (link.a, link.b):
-                    kernel.set_link_state(nl, ns[end.node], end.interface, up)
+                    if self.here(end.node):
+                        kernel.set_link_state(nl, ns[end.node], end.interface, up)
             for node in sorted(ends):
                 self._reinstall_routes(nl, node, down.get(node, set()))
             return self._apply_overrides(nl, before, after, ends, down)
@@ -311,7 +325,7 @@ class Lab:
         wanted gives way to the lab's own route of that prefix (or none); `refreshed` nodes had
         their own routes reinstalled, so they get every override again."""
         changed = 0
-        for node in sorted(set(before) | set(after)):
+        for node in sorted(node for node in set(before) | set(after) if self.here(node)):
             old, new = before.get(node, {}), after.get(node, {})
             space, metrics = self.plan.namespaces[node], self.route_metrics(node)
             own = {route.prefix: route for route in self.topology.routes_of(node)} if old.keys() - new.keys() else {}
@@ -337,6 +351,8 @@ class Lab:
         ns = self.plan.namespaces
         with kernel.Netlink() as nl:
             for end, other in ((link.a, link.b), (link.b, link.a)):
+                if not self.here(end.node):  # its own host shapes it
+                    continue
                 if rate_bps is not None:
                     kernel.set_rate(nl, ns[end.node], end.interface, rate_bps)
                 if queue_too:
@@ -363,7 +379,7 @@ class Lab:
         if not self.runtime_of(server).revive(self, server):
             return False
         space = self.plan.namespaces[server]
-        builder = _Builder(self, _quiet)
+        builder = _Builder(self, _quiet, part=self.part)
         try:
             kernel.set_up(builder.nl, space, "lo")
             builder.mgmt_inside(builder.nl, server)
@@ -376,7 +392,7 @@ class Lab:
 
     def settle(self, nodes: Collection[str]) -> None:
         """Wait until the interfaces that are set up on `nodes` carry packets (see _Builder.settle)."""
-        builder = _Builder(self, _quiet)
+        builder = _Builder(self, _quiet, part=self.part)
         try:
             builder.settle(nodes)
         finally:
@@ -384,7 +400,7 @@ class Lab:
 
     def run_nft(self, scripts: dict[str, str]) -> None:
         """nft scripts in nodes' own namespaces (one transaction each; never the host's)."""
-        by_ns = {self.namespace(node): script for node, script in scripts.items()}
+        by_ns = {self.namespace(node): script for node, script in scripts.items() if self.here(node)}
         kernel.in_namespaces(by_ns, lambda space: nft.run(by_ns[space], space))
 
     def sysctls(self, node: str) -> dict[str, str]:
@@ -613,9 +629,11 @@ class _Builder:
             if node.is_server:
                 names.add(MGMT_IF)
             wanted[self.plan.namespaces[node.name]] = names
-        # a VXLAN wire has no carrier to report: its operational state stays UNKNOWN once up
-        wires = {(self.plan.namespaces[end.node], end.interface) for wire in (self.part.wires if self.part else ())
-                 for end in (wire.link.a, wire.link.b)}
+        # a VXLAN wire (a link between hosts) has no carrier to report: its operational state
+        # stays UNKNOWN once up
+        host_of = self.part.host_of if self.part else {}
+        wires = {(self.plan.namespaces[end.node], end.interface) for link in self.topology.links
+                 if host_of and host_of[link.a.node] != host_of[link.b.node] for end in (link.a, link.b)}
 
         def ready(ns: str, name: str, state: dict) -> bool:
             return state.get("state") == "UP" or ((ns, name) in wires and state.get("up")) \

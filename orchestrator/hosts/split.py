@@ -26,7 +26,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from orchestrator.emulation import kernel
 from orchestrator.emulation.journal import LabState, check_name, global_lock, state_root, write_inside
@@ -34,9 +34,9 @@ from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
-from orchestrator.errors import EmulationError, LabExists, LabNotFound
+from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
 from orchestrator.spec import LabSpec
-from orchestrator.topology import Topology, from_lab
+from orchestrator.topology import Link, Topology, from_lab
 from orchestrator.topology.partition import Host, Placement, check_underlay, place
 
 
@@ -88,16 +88,16 @@ def _save(lab: "SplitLab", underlay: Mapping[str, ipaddress.IPv4Address], status
     }, indent=1))
 
 
-@dataclass(frozen=True)
-class SplitState:
-    """The orchestrator's side of a split lab's state: where its secret and deployment notes
-    live. Whatever runs on a host is journalled there, by that host."""
+class SplitState(LabState):
+    """The orchestrator's side of a split lab's state, beside its record: its secret,
+    deployment notes, and the faults injected from here (their journal and timeline; what a
+    fault changes on a host is undone there by `clean` with the rest). Whatever runs on a
+    host is journalled there, by that host."""
 
-    dir: Path
-
-    def record(self, entries: list) -> None:
-        if entries:
-            raise EmulationError("a split lab journals what runs on its hosts there, not here")
+    def __init__(self, name: str) -> None:
+        self.name = check_name(name)
+        self.dir = _state_dir(name)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 @dataclass(frozen=True)
@@ -120,19 +120,82 @@ class SplitLab:
 
     @property
     def state(self) -> SplitState:
-        directory = _state_dir(self.spec.name)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return SplitState(directory)
+        return SplitState(self.spec.name)
 
     def mgmt_address(self, server: str) -> ipaddress.IPv4Address:
         return self.plan.mgmt[server][1].ip
 
     def runtime_of(self, node: str) -> "HostRuntime":
+        self.check_node(node)
         return HostRuntime(self.engine, self.placement.host_of[node])
 
+    def exec(self, node: str, command: str | Sequence[str], timeout: float | None = None):
+        """As `Lab.exec`: a command on a node (by its host), waited for."""
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return self.runtime_of(node).exec(self, node, argv, timeout)
+
+    # -- faults (orchestrator.faults calls these, as on a Lab): each host acts on its nodes --
+    def check_node(self, node: str) -> None:
+        if node not in self.topology.nodes:
+            raise NodeNotFound(f"lab {self.name} has no node {node!r}")
+
+    def links_between(self, a: str, b: str) -> list[Link]:
+        self.check_node(a)
+        self.check_node(b)
+        return self.topology.links_between(a, b)
+
+    def _hosts_of(self, nodes: Iterable[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for node in nodes:
+            out.setdefault(self.placement.host_of[node], []).append(node)
+        return out
+
+    def _on_hosts(self, hosts: Iterable[str], work: Callable, *args) -> dict[str, object]:
+        """`work(name, *args)` on each of `hosts` at once: {host: result}."""
+        hosts = sorted(set(hosts))
+        with ThreadPoolExecutor(max(1, len(hosts))) as pool:
+            futures = {host: pool.submit(self.engine.run_on, host, work, self.name, *args) for host in hosts}
+            return {host: future.result() for host, future in futures.items()}
+
+    def _index(self, links: Iterable[Link]) -> list[int]:
+        position = {(link.a, link.b): i for i, link in enumerate(self.topology.links)}
+        return [position[(link.a, link.b)] for link in links]
+
     def link_up(self, a: str, b: str) -> bool | None:
-        """Whether a link is up: not known here yet (faults across hosts are still to come)."""
-        return None
+        """Whether every link between a and b is up at both ends (each asked on its host)."""
+        if not self.topology.links_between(a, b):
+            return None
+        return all(self._on_hosts({self.placement.host_of[a], self.placement.host_of[b]}, link_up_part, a, b).values())
+
+    def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
+        """As `Lab.set_links`, on every host at once (each reroutes its nodes; a link between
+        hosts is cut at both ends)."""
+        indices = list(zip(self._index(link for link, _ in changes), (up for _, up in changes)))
+        held = self._index(down_elsewhere)
+        return sum(self._on_hosts([h.name for h in self.placement.hosts], set_links_part, indices, held).values())
+
+    def set_link_shape(self, link: Link, rate_bps: int | None = None, delay_s: float = 0.0, jitter_s: float = 0.0,
+                       loss_percent: float = 0.0, queue_too: bool = False) -> None:
+        self._on_hosts({self.placement.host_of[link.a.node], self.placement.host_of[link.b.node]}, shape_part,
+                       self._index([link])[0], rate_bps, delay_s, jitter_s, loss_percent, queue_too)
+
+    def server_processes(self, server: str) -> list[dict]:
+        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "processes", server)
+
+    def signal_server(self, server: str, processes: list[dict], action: str) -> int:
+        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "signal", server,
+                                  processes, action)
+
+    def revive_server(self, server: str) -> bool:
+        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "revive", server)
+
+    def settle(self, nodes: Collection[str]) -> None:
+        for host, here in self._hosts_of(nodes).items():
+            self.engine.run_on(host, settle_part, self.name, here)
+
+    def run_nft(self, scripts: dict[str, str]) -> None:
+        for host, nodes in self._hosts_of(scripts).items():
+            self.engine.run_on(host, nft_part, self.name, {node: scripts[node] for node in nodes})
 
     def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
         """As `Lab.connection_paths`: every established connection from a server to `port`,
@@ -225,6 +288,26 @@ class HostRuntime:
     def spawn(self, lab: SplitLab, node: str, argv: list[str], env: dict[str, str]) -> None:
         self.engine.run_on(self.host, spawn_part, lab.spec.name, node, argv, env)
         return None  # journalled on its host, where `clean` kills it
+
+    def exec(self, lab: SplitLab, node: str, argv: list[str], timeout: float | None = None):
+        """A command on the node, run by its host; its exit code and output."""
+        return self.engine.run_on(self.host, exec_part, lab.spec.name, node, argv, timeout,
+                                  timeout=(timeout or 600.0) + 30.0)
+
+    def call(self, lab: SplitLab, node: str, argv: list[str]) -> int:
+        """`testbed exec`: the command's output here once it ends (no terminal across hosts)."""
+        import sys
+
+        result = self.exec(lab, node, argv)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.returncode
+
+
+def exec_part(name: str, node: str, argv: list[str], timeout: float | None):
+    from orchestrator.emulation.lab import Lab
+
+    return Lab.attach(name).exec(node, argv, timeout)
 
 
 def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> dict:
@@ -379,3 +462,46 @@ def route_part(name: str, queries: list[tuple]) -> list[tuple]:
             oif, gateway = kernel.route_get(nl, ns, dst, src, nl.index(ns, iif) if iif else None, sport, dport)
             out.append((i, nl.name(ns, oif), gateway))
     return out
+
+
+# -- what a fault does on a host: the host's Lab acts on its own nodes (Lab.here) ---------------
+def link_up_part(name: str, a: str, b: str) -> bool:
+    from orchestrator.emulation.lab import Lab
+
+    return bool(Lab.attach(name).link_up(a, b))
+
+
+def set_links_part(name: str, changes: list[tuple[int, bool]], held: list[int]) -> int:
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    links = lab.topology.links
+    return lab.set_links([(links[i], up) for i, up in changes], [links[i] for i in held])
+
+
+def shape_part(name: str, link: int, *shape) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    lab.set_link_shape(lab.topology.links[link], *shape)
+
+
+def server_part(name: str, what: str, server: str, *args):
+    """A server's processes listed, signalled, or the server revived, on its host."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    return {"processes": lab.server_processes, "signal": lab.signal_server, "revive": lab.revive_server}[what](
+        server, *args)
+
+
+def settle_part(name: str, nodes: list[str]) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    Lab.attach(name).settle(nodes)
+
+
+def nft_part(name: str, scripts: dict[str, str]) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    Lab.attach(name).run_nft(scripts)

@@ -111,6 +111,16 @@ def test_a_split_lab_from_the_command_line(cli):
         reached = subprocess.run(["fping", "-q", "-r", "2", "-t", "300",
                                   *(route.split("/")[0] for route in record["routes"])], capture_output=True, text=True)
         assert reached.returncode == 0, reached.stderr
+        # exec and faults by name, from other processes, each on the node's host
+        shown = run("exec", "clisp", "h11", "--", "ip", "-o", "-4", "address", "show", "dev", "h11-eth0").stdout
+        assert "10." in shown and "h11-eth0" in shown
+        assert run("exec", "clisp", "h11", "--", "sh", "-c", "exit 3", ok=False).returncode == 3
+        applied = run("fault", "clisp", "link-down", "h11-l1s1").stdout
+        assert "applied" in applied
+        assert [f["target"] for f in json.loads(run("fault", "clisp", "list", "--json").stdout)] == ["h11-l1s1"]
+        down_end = run("exec", "clisp", "h11", "--", "ip", "-o", "link", "show", "dev", "h11-eth1").stdout
+        assert "state DOWN" in down_end or "NO-CARRIER" in down_end or ",UP" not in down_end, down_end
+        assert "undid 1 fault" in run("fault", "clisp", "heal").stdout
     finally:
         down = run("down", "clisp", ok=False)
     assert down.returncode == 0, down.stderr
