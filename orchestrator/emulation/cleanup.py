@@ -185,9 +185,11 @@ def _delete_root_links(match, group: int | None = None) -> int:
 
 
 def _lab_containers(name: str | None) -> list[dict]:
+    """The lab's containers that this machine's names own (hosts faked on one machine share
+    its Docker engine, and each names its containers apart, as its namespaces)."""
     if not docker_engine.engine_reachable():
         return []
-    return docker_engine.lab_containers(name)
+    return [c for c in docker_engine.lab_containers(name) if c["name"].startswith(NAMESPACE_PREFIX)]
 
 
 def _kill(pid: int | None, start: str | None) -> int:

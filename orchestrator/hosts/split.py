@@ -341,6 +341,8 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
         _save(built, underlay, "building")  # before anything is built: `clean` finds it after a crash
     document = spec.model_dump(mode="json")
     host_names = [host.name for host in hosts]
+    for name in host_names:  # one host at a time: hosts that share an image store build it once
+        engine.run_on(name, prepare_part, document)
     with ThreadPoolExecutor(len(host_names)) as pool:
         futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
                                      dict(underlay)) for name in host_names}
@@ -421,6 +423,14 @@ def clean(name: str, engine: HostEngine | None) -> dict[str, dict]:
         data["routes"] = []
         write_inside(_state_dir(name), RECORD, json.dumps(data, indent=1))
     return out
+
+
+def prepare_part(document: dict) -> None:
+    """On a host: what its runtime needs before the lab (Docker's engine and image)."""
+    from orchestrator.emulation.runtimes import runtime_named
+
+    spec = LabSpec.model_validate(document)
+    runtime_named(spec.servers.runtime).prepare(spec, lambda *_: None)
 
 
 def build_part(document: dict, host: str, host_of: dict, wires: tuple, underlay: dict) -> dict:

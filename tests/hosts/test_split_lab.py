@@ -150,3 +150,33 @@ def spoofed_vxlan_is_dropped(built, hosts, namespace) -> None:
         assert time.monotonic() < deadline, "the firewall did not drop VXLAN from outside the lab's hosts"
         time.sleep(0.1)
     assert received() == before
+
+
+def test_docker_servers_on_a_split_lab(engine):
+    """Each host's worker makes its servers' containers (hosts faked on one machine share its
+    Docker engine and keep their containers apart by name); servers reach each other across
+    the wires from inside their containers, this machine reaches their management addresses,
+    and down removes every container."""
+    from orchestrator.emulation import docker_engine
+
+    if not docker_engine.engine_reachable():
+        pytest.skip("Docker's engine is not running (./setup.sh test starts it)")
+    connected, hosts = engine
+    spec = lab_from_argument("bcube,2,1", name="spdock", **{"servers.runtime": "docker", "links.bandwidth": "100Mbit"})
+    built = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
+    try:
+        servers = [s.name for s in built.topology.servers]
+        assert {c["name"] for c in docker_engine.lab_containers("spdock")} == {
+            hosts.node_namespace(built.placement.host_of[s], "spdock", s) for s in servers}
+        for src in servers[:2]:
+            targets = " ".join(str(built.topology.address_of(d)) for d in servers if d != src)
+            done = built.exec(src, f"for a in {targets}; do ping -c 1 -W 2 $a > /dev/null || echo unreached $a; done")
+            assert done.returncode == 0 and "unreached" not in done.stdout, (src, done.stdout, done.stderr)
+        assert built.exec(servers[0], "cat /etc/hostname").stdout.strip() == servers[0]  # inside its container
+        reached = subprocess.run(["fping", "-q", "-r", "2", "-t", "300", *(str(built.mgmt_address(s)) for s in servers)],
+                                 capture_output=True, text=True)
+        assert reached.returncode == 0, reached.stderr
+    finally:
+        cleaned = split.down(built)
+    assert all(report.get("containers") == 2 for host, report in cleaned.items() if host != "here"), cleaned
+    assert docker_engine.lab_containers("spdock") == []
