@@ -18,6 +18,7 @@ from orchestrator.emulation import kernel
 from orchestrator.emulation.journal import state_root
 from orchestrator.hosts import split
 from orchestrator.spec import lab_from_argument
+from orchestrator.topology import from_lab
 from orchestrator.topology.partition import Host
 from orchestrator.hosts.fake import engine_on_fake_hosts
 
@@ -180,3 +181,34 @@ def test_docker_servers_on_a_split_lab(engine):
         cleaned = split.down(built)
     assert all(report.get("containers") == 2 for host, report in cleaned.items() if host != "here"), cleaned
     assert docker_engine.lab_containers("spdock") == []
+
+
+def test_digits_trains_bit_identically_split_and_on_one_host(engine):
+    """The digits model trained for real by agents on bcube,2,1 split over two hosts ends
+    with the very parameters (digests) it ends with on one host: the split changes where
+    bytes go, never what they are."""
+    from orchestrator.control import workloads
+    from orchestrator.control.endpoints import shutdown
+    from orchestrator.deploy import lab_agents
+    from orchestrator.emulation import Lab, cleanup
+
+    connected, hosts = engine
+    spec = lab_from_argument("bcube,2,1", name="spdig", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    workers = len(from_lab(spec).servers)
+    specs = [workloads.digits(workers, rank) for rank in range(workers)]
+    digests = {}
+    for where in ("one host", "split"):
+        if where == "one host":
+            lab = Lab.up(spec)
+        else:
+            lab = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
+        try:
+            agents = lab_agents.start_direct(lab)
+            result = agents.run("ring", specs[0]["tensors"], specs, iterations=12)
+            shutdown(list(agents))
+        finally:
+            split.down(lab) if where == "split" else cleanup.clean_lab(lab.name)
+        last = [r for r in result.records() if r["iteration"] == 11]
+        assert len(last) == workers and len({r["param_digest"] for r in last}) == 1, (where, last)
+        digests[where] = last[0]["param_digest"]
+    assert digests["split"] == digests["one host"], digests
