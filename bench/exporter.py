@@ -77,7 +77,8 @@ def main() -> int:
     try:
         monitor = monitor_up(lab)
         state = json.loads((lab.state.dir / "monitoring" / "prometheus.json").read_text())
-        exporter_pid, exporter_url = state["exporter"]["pid"], f"http://127.0.0.1:{state['exporter']['port']}/metrics"
+        exporter = state["exporters"][0]
+        exporter_pid, exporter_url = exporter["pid"], f"http://127.0.0.1:{exporter['port']}/metrics"
         for _ in range(100):  # the exporter may still be importing when Prometheus is ready
             try:
                 scrape(exporter_url)  # and the first scrape opens the netlink socket

@@ -959,28 +959,29 @@ def _monitor_line(monitor) -> str:
 @monitor_app.command("up")
 def monitor_up(name: str = typer.Argument(..., help="lab name")) -> None:
     """Start the lab's Prometheus (1 s scrapes of every agent, file_sd), or refresh its targets."""
-    from orchestrator.emulation import Lab
     from orchestrator.monitoring import monitor_up as start
 
-    out.print(_monitor_line(start(Lab.attach(name))), highlight=False, soft_wrap=True)
+    with _live_lab(name) as lab:
+        out.print(_monitor_line(start(lab)), highlight=False, soft_wrap=True)
 
 
 @monitor_app.command("down")
 def monitor_down(name: str = typer.Argument(..., help="lab name")) -> None:
     """Stop the lab's Prometheus (its data stays until the lab is removed)."""
-    from orchestrator.emulation import Lab
     from orchestrator.monitoring import monitor_down as stop
 
-    out.print(f"prometheus of lab {name} stopped" if stop(Lab.attach(name)) else f"lab {name} has no prometheus running")
+    with _live_lab(name) as lab:
+        stopped = stop(lab)
+    out.print(f"prometheus of lab {name} stopped" if stopped else f"lab {name} has no prometheus running")
 
 
 @monitor_app.command("status")
 def monitor_status(name: str = typer.Argument(..., help="lab name")) -> None:
     """Where the lab's Prometheus listens and how its targets are doing."""
-    from orchestrator.emulation import Lab
     from orchestrator.monitoring import monitor_status as status
 
-    monitor = status(Lab.attach(name))
+    with _live_lab(name) as lab:
+        monitor = status(lab)
     if monitor is None:
         out.print(f"lab {name} has no prometheus running: testbed monitor up {name}")
         return

@@ -34,6 +34,7 @@ from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
+from orchestrator.hosts.exporters import HostExporters
 from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Link, Topology, from_lab
@@ -72,7 +73,7 @@ def read_record(name: str) -> dict:
     return data
 
 
-def _save(lab: "SplitLab", underlay: Mapping[str, ipaddress.IPv4Address], status: str) -> None:
+def _save(lab: "SplitLab", status: str) -> None:
     topology = lab.topology
     index = {(link.a, link.b): i for i, link in enumerate(topology.links)}
     _state_dir(lab.name).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def _save(lab: "SplitLab", underlay: Mapping[str, ipaddress.IPv4Address], status
         "host_of": dict(lab.placement.host_of),
         "method": lab.placement.method,
         "wires": [[index[(w.link.a, w.link.b)], w.vni, *w.hosts] for w in lab.wires],
-        "underlay": {host: str(address) for host, address in underlay.items()},
+        "underlay": {host: str(address) for host, address in lab.underlay.items()},
         "routes": [str(prefix) for prefix in lab.routes],
     }, indent=1))
 
@@ -113,6 +114,7 @@ class SplitLab:
     plan: LabPlan  # names and management addresses, as every host laid them out
     engine: HostEngine
     routes: tuple[ipaddress.IPv4Network, ...] = ()  # this machine's, to each server's management address
+    underlay: Mapping[str, ipaddress.IPv4Address] = dataclasses.field(default_factory=dict)  # host → its address
 
     @property
     def name(self) -> str:
@@ -121,6 +123,11 @@ class SplitLab:
     @property
     def state(self) -> SplitState:
         return SplitState(self.spec.name)
+
+    @property
+    def fabric_exporters(self) -> HostExporters:
+        """What `testbed monitor up` starts for the fabric: an exporter on every host."""
+        return HostExporters(self.engine)
 
     def mgmt_address(self, server: str) -> ipaddress.IPv4Address:
         return self.plan.mgmt[server][1].ip
@@ -241,12 +248,13 @@ def attach(name: str, engine: HostEngine) -> SplitLab:
         placement = Placement(tuple(Host(**host) for host in data["hosts"]), dict(data["host_of"]), data["method"])
         wires = tuple(wires_lib.Wire(topology.links[i], int(vni), (a, b)) for i, vni, a, b in data["wires"])
         routes = tuple(ipaddress.IPv4Network(prefix) for prefix in data["routes"])
+        underlay = {str(host): ipaddress.IPv4Address(address) for host, address in data["underlay"].items()}
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise EmulationError(f"split lab {name}: its record does not describe a lab ({reason}): "
                              f"`testbed clean {name}`") from None
     plan = LabPlan(spec.name, topology, spec.servers.runtime, spec.management.subnet)
-    return SplitLab(spec, topology, placement, wires, plan, engine, routes)
+    return SplitLab(spec, topology, placement, wires, plan, engine, routes, underlay)
 
 
 def vnis_taken(hosts: list[str]) -> set[int]:
@@ -337,8 +345,8 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
         subnet = management_subnet(spec, topology)
         spec = spec.model_copy(update={"management": spec.management.model_copy(update={"subnet": subnet})})
         plan = LabPlan(spec.name, topology, spec.servers.runtime, subnet)
-        built = SplitLab(spec, topology, placement, wires, plan, engine)
-        _save(built, underlay, "building")  # before anything is built: `clean` finds it after a crash
+        built = SplitLab(spec, topology, placement, wires, plan, engine, underlay=dict(underlay))
+        _save(built, "building")  # before anything is built: `clean` finds it after a crash
     document = spec.model_dump(mode="json")
     host_names = [host.name for host in hosts]
     for name in host_names:  # one host at a time: hosts that share an image store build it once
@@ -352,9 +360,9 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
         raise next(error for error in errors if error)
     built = dataclasses.replace(built, routes=tuple(ipaddress.IPv4Network(address.ip)
                                                     for _, address in plan.mgmt.values()))
-    _save(built, underlay, "building")  # the routes, before they are added
+    _save(built, "building")  # the routes, before they are added
     _route_management(plan, placement, underlay)
-    _save(built, underlay, "up")
+    _save(built, "up")
     return built
 
 
@@ -371,6 +379,25 @@ def _route_management(plan: LabPlan, placement: Placement, underlay: Mapping[str
         for server, (_, address) in plan.mgmt.items():
             host = underlay[placement.host_of[server]]
             kernel.add_route(nl, None, ipaddress.IPv4Network(address.ip), [(towards[host], host)])
+
+
+def _stop_processes(state: SplitState) -> int:
+    """What the lab started here (its Prometheus and Grafana), each if still that process."""
+    import os
+    import signal
+
+    from orchestrator.emulation.cleanup import same_process
+
+    stopped = 0
+    for entry in state.journal():
+        pid, start = entry.extra.get("pid"), entry.extra.get("start")
+        if entry.kind == "process" and isinstance(pid, int) and isinstance(start, str) and same_process(pid, start):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                stopped += 1
+            except ProcessLookupError:
+                pass
+    return stopped
 
 
 def _delete_routes(spec: dict, routes: list, underlay: dict) -> int:
@@ -409,8 +436,9 @@ def clean(name: str, engine: HostEngine | None) -> dict[str, dict]:
     share where `engine` reaches it (all of them, built or not: cleaning is idempotent), then
     the record. Hosts out of reach are named (`"lost": True`) and the record kept for them."""
     data = read_record(name)
-    out: dict[str, dict] = {"here": {"routes": _delete_routes(data.get("spec") or {}, data.get("routes") or [],
-                                                             data.get("underlay") or {})}}
+    here = {"routes": _delete_routes(data.get("spec") or {}, data.get("routes") or [], data.get("underlay") or {}),
+            "processes": _stop_processes(SplitState(name))}
+    out: dict[str, dict] = {"here": here}
     hosts = [host.get("name") for host in data.get("hosts") or [] if isinstance(host, dict)]
     for host in hosts:
         if engine is None or engine.missing([host]):

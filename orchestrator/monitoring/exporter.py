@@ -135,14 +135,16 @@ class FabricCollector(Collector):
         self.lock = threading.Lock()
         self.nl: kernel.Netlink | None = None
         # per link, its two directions: (transmitting end, label values)
+        # of a lab split over hosts, each host's exporter gives the directions its nodes send
+        # on, and the servers it runs (Prometheus tells the hosts apart by a `host` label)
         self.directions = []
         for link in lab.topology.links:
             place = link_place(lab.topology, link)
             self.directions.append((link, [
                 (tx, (f"{tx.node}→{rx.node}", tx.node, rx.node, *place))
-                for tx, rx in ((link.a, link.b), (link.b, link.a))]))
+                for tx, rx in ((link.a, link.b), (link.b, link.a)) if lab.here(tx.node)]))
         self.label_text: dict[tuple, str] = {}
-        self.servers = {lab.plan.namespaces[s.name]: s.name for s in lab.topology.servers}
+        self.servers = {lab.plan.namespaces[s.name]: s.name for s in lab.topology.servers if lab.here(s.name)}
         self.known: dict[tuple[str, int], tuple[str, int]] = {}  # (ns, ifindex) → (name, STATS64 offset)
         # a restarted container's interfaces move to a new namespace under the old name
         self.containers = [lab.plan.namespaces[s.name] for s in lab.topology.servers
@@ -279,9 +281,11 @@ class FabricCollector(Collector):
         sent, packets, drops, over, backlog, up, rate = ([] for _ in range(7))
         configured = float(self.lab.spec.links.bandwidth) / 8
         for link, directions in self.directions:
-            ends = [interfaces.get(e.node, {}).get(e.interface) for e in (link.a, link.b)]
-            state = float(all(e is not None and e["up"] and e["carrier"] for e in ends))
-            for (tx, values), facts in zip(directions, ends):
+            ends = {(e.node, e.interface): interfaces.get(e.node, {}).get(e.interface)
+                    for e in (link.a, link.b) if self.lab.here(e.node)}  # a wire's far end is another host's
+            state = float(all(e is not None and e["up"] and e["carrier"] for e in ends.values()))
+            for tx, values in directions:
+                facts = ends[(tx.node, tx.interface)]
                 up.append((values, state))
                 rate.append((values, configured))
                 if facts is None:
@@ -312,18 +316,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Prometheus exporter of a live lab's links")
     parser.add_argument("lab")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--targets", type=Path, required=True, help="the agents' file_sd file to keep up to date")
+    parser.add_argument("--listen", default="127.0.0.1", help="address to serve on (a host of a split lab: its "
+                        "underlay address, where the orchestrator's Prometheus scrapes)")
+    parser.add_argument("--targets", type=Path, help="the agents' file_sd file to keep up to date")
     args = parser.parse_args()
     lab = Lab.attach(args.lab)
-    serve(FabricCollector(lab), args.port)
-    keep_targets(lab, args.targets)  # until the process is stopped
+    serve(FabricCollector(lab), args.port, args.listen)
+    if args.targets is not None:
+        keep_targets(lab, args.targets)  # until the process is stopped
+    else:
+        threading.Event().wait()  # serve until stopped
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def serve(collector: FabricCollector, port: int) -> ThreadingHTTPServer:
-    """GET /metrics on 127.0.0.1:port: the fabric, then this process's own metrics (the
+def serve(collector: FabricCollector, port: int, address: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """GET /metrics on address:port: the fabric, then this process's own metrics (the
     library's process and platform collectors)."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -341,7 +350,7 @@ def serve(collector: FabricCollector, port: int) -> ThreadingHTTPServer:
         def log_message(self, *args) -> None:  # one line a second otherwise
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = ThreadingHTTPServer((address, port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 

@@ -58,23 +58,41 @@ class Monitor:
 def _paths(lab) -> dict[str, Path]:
     root = lab.state.dir / "monitoring"
     return {"root": root, "config": root / "prometheus.yml", "targets": root / "targets" / f"{JOB}.json",
-            "data": root / "data", "state": root / "prometheus.json", "log": root / "prometheus.log",
-            "rules": root / "rules.yml"}
+            "fabric": root / "targets" / f"{FABRIC_JOB}.json", "data": root / "data",
+            "state": root / "prometheus.json", "log": root / "prometheus.log", "rules": root / "rules.yml"}
+
+
+class LocalExporter:
+    """The fabric exporter of a lab on this machine: one process here, on 127.0.0.1, which
+    also keeps the agents' targets in step with the lab's deployed agents. A lab split over
+    hosts brings its own (`lab.fabric_exporters`: one per host)."""
+
+    def start(self, lab, paths: dict[str, Path]) -> tuple[list[dict], list[dict]]:
+        """(file_sd groups of the exporters, their records {pid, start, port, ...})."""
+        (port,) = free_ports(1)
+        _, entry = processes.spawn(
+            lab, EXPORTER, [sys.executable, "-m", "orchestrator.monitoring.exporter", lab.spec.name,
+                            "--port", str(port), "--targets", str(paths["targets"])], paths["root"] / "exporter.log")
+        return [{"targets": [f"127.0.0.1:{port}"], "labels": {"lab": lab.spec.name}}], [entry | {"port": port}]
+
+    def stop(self, lab, records: list[dict]) -> None:
+        for record in records:
+            if processes.running(record):
+                processes.stop(record["pid"])
 
 
 RULES = Path(__file__).with_name("rules.yml")
 
 
-def config_text(lab, targets: Path, exporter_port: int, rules: Path | None = None) -> str:
-    """prometheus.yml of a lab: its agents through file_sd, its fabric exporter, the rules."""
+def config_text(lab, targets: Path, fabric: Path, rules: Path | None = None) -> str:
+    """prometheus.yml of a lab: its agents and its fabric exporters through file_sd, the rules."""
     config = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
                    "evaluation_interval": SCRAPE_INTERVAL, "external_labels": {"testbed_lab": lab.spec.name}},
         "rule_files": [str(rules)] if rules else [],
         "scrape_configs": [
             {"job_name": JOB, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": SCRAPE_INTERVAL}]},
-            {"job_name": FABRIC_JOB,
-             "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"lab": lab.spec.name}}]},
+            {"job_name": FABRIC_JOB, "file_sd_configs": [{"files": [str(fabric)], "refresh_interval": SCRAPE_INTERVAL}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
@@ -91,6 +109,10 @@ def _monitor(lab, state: dict, grafana: Grafana | None = None) -> Monitor:
                    paths["targets"], paths["data"], grafana.url if grafana else None)
 
 
+def _exporters(lab):
+    return getattr(lab, "fabric_exporters", None) or LocalExporter()
+
+
 def monitor_up(lab) -> Monitor:
     """Start the lab's Prometheus (or return the running one, with its targets rewritten)."""
     binary = shutil.which("prometheus")
@@ -101,27 +123,28 @@ def monitor_up(lab) -> Monitor:
     if (state := _recorded(lab)) is not None:
         return _monitor(lab, state, start_grafana(lab, f"http://127.0.0.1:{state['port']}"))
     paths["data"].mkdir(parents=True, exist_ok=True)
-    exporter_port, port = free_ports(2)
-    exporter, exporter_entry = processes.spawn(
-        lab, EXPORTER, [sys.executable, "-m", "orchestrator.monitoring.exporter", lab.spec.name,
-                        "--port", str(exporter_port), "--targets", str(paths["targets"])], paths["root"] / "exporter.log")
-    started = [exporter.pid]
+    exporters = _exporters(lab)
+    groups, records = exporters.start(lab, paths)
+    started = []
     try:
+        (port,) = free_ports(1)
+        write_atomically(paths["fabric"], json.dumps(groups, indent=1) + "\n")
         write_atomically(paths["rules"], RULES.read_text())
-        write_atomically(paths["config"], config_text(lab, paths["targets"], exporter_port, paths["rules"]))
+        write_atomically(paths["config"], config_text(lab, paths["targets"], paths["fabric"], paths["rules"]))
         proc, entry = processes.spawn(
             lab, PROCESS, [binary, f"--config.file={paths['config']}", f"--storage.tsdb.path={paths['data']}",
                            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
                            "--web.enable-admin-api"],  # an experiment's TSDB snapshot (127.0.0.1 only)
             paths["log"])
         started.append(proc.pid)
-        state = entry | {"port": port, "exporter": exporter_entry | {"port": exporter_port}}
+        state = entry | {"port": port, "exporters": records}
         write_atomically(paths["state"], json.dumps(state) + "\n")
         processes.wait_ready("prometheus", f"http://127.0.0.1:{port}/-/ready", proc, paths["log"], READY_TIMEOUT)
         grafana = start_grafana(lab, f"http://127.0.0.1:{port}")
     except BaseException:
         for pid in started:
             processes.stop(pid)
+        exporters.stop(lab, records)
         paths["state"].unlink(missing_ok=True)
         raise
     return _monitor(lab, state, grafana)
@@ -135,8 +158,7 @@ def monitor_down(lab) -> bool:
     if state is None:
         return False
     processes.stop(state["pid"])
-    if processes.running(state.get("exporter")):
-        processes.stop(state["exporter"]["pid"])
+    _exporters(lab).stop(lab, state.get("exporters", []))
     _paths(lab)["state"].unlink(missing_ok=True)
     return True
 

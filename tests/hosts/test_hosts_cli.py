@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -121,10 +124,30 @@ def test_a_split_lab_from_the_command_line(cli):
         down_end = run("exec", "clisp", "h11", "--", "ip", "-o", "link", "show", "dev", "h11-eth1").stdout
         assert "state DOWN" in down_end or "NO-CARRIER" in down_end or ",UP" not in down_end, down_end
         assert "undid 1 fault" in run("fault", "clisp", "heal").stdout
+        # monitoring: this machine's Prometheus scrapes one fabric exporter per host, each
+        # labelled with its host and giving the link directions its nodes send on
+        url = re.search(r"http://127\.0\.0\.1:\d+", run("monitor", "up", "clisp").stdout).group(0)
+        directions = 2 * len(lab_links("bcube,2,1"))
+        seen: dict = {}
+
+        def by_host() -> dict:
+            query = urllib.parse.quote('count by (host) (testbed_link_transmit_bytes_total{job="fabric"})')
+            with urllib.request.urlopen(f"{url}/api/v1/query?query={query}", timeout=5) as reply:
+                seen.update({r["metric"].get("host"): int(r["value"][1]) for r in json.load(reply)["data"]["result"]})
+            return seen
+
+        deadline = time.monotonic() + 60
+        while set(by_host()) != {"x", "y"} or sum(seen.values()) != directions:
+            assert time.monotonic() < deadline, f"fabric series by host: {seen}, {directions} directions expected"
+            time.sleep(0.5)
     finally:
         down = run("down", "clisp", ok=False)
     assert down.returncode == 0, down.stderr
     assert not (state / "split" / "clisp").exists()
+    # its Prometheus here and the hosts' exporters went with it
+    left = subprocess.run(["pgrep", "-af", f"prometheus.*{state}|orchestrator.monitoring.exporter clisp"],
+                          capture_output=True, text=True).stdout
+    assert not left, left
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
     assert not [route for route in record["routes"] if route.split("/")[0] + " " in routes]
     for host in hosts.names:
@@ -186,3 +209,10 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def lab_links(argument: str) -> list:
+    from orchestrator.spec import lab_from_argument
+    from orchestrator.topology import from_lab
+
+    return from_lab(lab_from_argument(argument)).links

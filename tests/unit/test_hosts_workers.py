@@ -83,18 +83,18 @@ def split_lab(name: str, argument: str = "bcube,2,1"):
     planned = tuple(wires.plan(topology, placement, taken=split.vnis_taken(["x", "y"])))
     plan = LabPlan(name, topology, "netns", spec.management.subnet)
     routes = tuple(ipaddress.IPv4Network(address.ip) for _, address in plan.mgmt.values())
-    return split.SplitLab(spec, topology, placement, planned, plan, NoEngine(), routes)
+    underlay = {"x": ipaddress.IPv4Address("10.9.0.1"), "y": ipaddress.IPv4Address("10.9.0.2")}
+    return split.SplitLab(spec, topology, placement, planned, plan, NoEngine(), routes, underlay)
 
 
 def test_a_split_labs_record_brings_the_same_lab_back():
     from orchestrator.hosts import split
 
     lab = split_lab("rec")
-    underlay = {"x": ipaddress.IPv4Address("10.9.0.1"), "y": ipaddress.IPv4Address("10.9.0.2")}
-    split._save(lab, underlay, "up")
+    split._save(lab, "up")
     assert split.exists("rec") and split.names() == ["rec"]
     back = split.attach("rec", NoEngine())
-    assert back.spec == lab.spec and back.routes == lab.routes
+    assert back.spec == lab.spec and back.routes == lab.routes and back.underlay == lab.underlay
     assert back.placement == lab.placement and back.wires == lab.wires
     assert back.plan.mgmt == lab.plan.mgmt
     # a second lab on the same hosts takes other VNIs
@@ -107,7 +107,7 @@ def test_a_record_that_is_not_one_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(LabNotFound, match="no split lab named 'nosuch'"):
         split.attach("nosuch", NoEngine())
-    split._save(split_lab("bad"), {}, "up")
+    split._save(split_lab("bad"), "up")
     record = tmp_path / "state" / "split" / "bad" / "split.json"
     for text in ("{not json", "[1, 2]", json.dumps({"spec": {"name": "bad"}}), json.dumps({"spec": None})):
         record.write_text(text)
@@ -115,7 +115,7 @@ def test_a_record_that_is_not_one_is_refused_in_one_line(tmp_path):
             split.attach("bad", NoEngine())
         assert "\n" not in str(raised.value) and "testbed clean bad" in str(raised.value)
     good = split_lab("bad2")
-    split._save(good, {}, "up")
+    split._save(good, "up")
     data = json.loads((tmp_path / "state" / "split" / "bad2" / "split.json").read_text())
     data["wires"] = [[10**6, 5000, "x", "y"]]  # a link the lab does not have
     (tmp_path / "state" / "split" / "bad2" / "split.json").write_text(json.dumps(data))

@@ -31,9 +31,10 @@ def test_the_generated_config_passes_promtool(tmp_path):
     lab = SimpleNamespace(spec=SimpleNamespace(name="x"))
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES.read_text())
-    targets = tmp_path / "agents.json"
+    targets, fabric = tmp_path / "agents.json", tmp_path / "fabric.json"
     targets.write_text("[]\n")
+    fabric.write_text('[{"targets": ["127.0.0.1:9999"], "labels": {"lab": "x"}}]\n')
     config = tmp_path / "prometheus.yml"
-    config.write_text(config_text(lab, targets, 9999, rules))
+    config.write_text(config_text(lab, targets, fabric, rules))
     result = promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
