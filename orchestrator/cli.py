@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
@@ -313,8 +313,10 @@ def up(
     )
 
 
-def _split_up(spec, path: Path) -> None:
-    """`testbed up --hosts FILE`: the lab over hosts that are up, each building its share."""
+@contextmanager
+def _split_maker(path: Path) -> Iterator:
+    """(make_lab(spec, progress) splitting a lab over the hosts of hosts file `path`, which
+    must be up, the hosts file), with the hosts' engine connected meanwhile."""
     from orchestrator.hosts import split, workers
     from orchestrator.spec.hosts import HostsSpec
     from orchestrator.spec.loader import load
@@ -327,12 +329,18 @@ def _split_up(spec, path: Path) -> None:
             if known.get(host.name) != host.address:
                 raise BadUsage(f"hosts.{index}: host {host.name} at {host.address} is not up: "
                                f"`testbed hosts up {path}` first")
-        with _progress() as progress:
-            progress.add_task(f"building on {len(listed.hosts)} hosts", total=None)
-            built = split.up(spec, engine, [host.host() for host in listed.hosts],
-                             {host.name: host.address for host in listed.hosts})
+        hosts, underlay = [host.host() for host in listed.hosts], {host.name: host.address for host in listed.hosts}
+        yield (lambda spec, progress=lambda *_: None: split.up(spec, engine, hosts, underlay, progress)), listed
     finally:
         engine.close()
+
+
+def _split_up(spec, path: Path) -> None:
+    """`testbed up --hosts FILE`: the lab over hosts that are up, each building its share."""
+    with _split_maker(path) as (make_lab, listed), _progress() as progress:
+        task = progress.add_task("hosts", total=None)
+        built = make_lab(spec, lambda stage, done, total: progress.update(task, description=stage[:60],
+                                                                          completed=done, total=total or None))
     shares = {host.name: sum(1 for s in built.topology.servers if built.placement.host_of[s.name] == host.name)
               for host in listed.hosts}
     out.print(f"lab [bold]{spec.name}[/] is up over {len(shares)} hosts ("
@@ -1019,6 +1027,8 @@ def run_experiment(
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, print the plan and the predictions; no root"),
     strict: bool = typer.Option(False, "--strict", help="refuse a run this machine's CPU cannot carry faithfully "
                                 "(by `testbed calibrate`), instead of warning"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="a hosts file whose hosts are up (testbed hosts "
+                                         "up): every lab split over them"),
     plugin: List[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Run an experiment: up → monitor → deploy → every sweep point and algorithm (with its
@@ -1062,8 +1072,10 @@ def run_experiment(
     err.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s); results in {directory}",
               highlight=False)
     try:
-        with _experiment_progress() as progress:
-            outcome = run(plan, experiment, directory, keep=keep, progress=progress)
+        with ExitStack() as stack:
+            make_lab = stack.enter_context(_split_maker(hosts))[0] if hosts is not None else None
+            progress = stack.enter_context(_experiment_progress())
+            outcome = run(plan, experiment, directory, keep=keep, progress=progress, make_lab=make_lab)
     except KeyboardInterrupt:
         err.print(f"interrupted: labs removed; partial results in {directory}", highlight=False)
         raise typer.Exit(130)

@@ -42,6 +42,7 @@ from orchestrator.control import checker, driver
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down
 Progress = Callable[[str, str, int, int], None]
+MakeLab = Callable[..., object]  # (LabSpec, progress(stage, done, total)) → a live lab
 POLL_SECONDS = 0.25
 
 
@@ -121,8 +122,10 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False,
-                   progress: Progress = _quiet) -> Outcome:
-    """Run every point of `plan`, writing into `directory` (made by results.new_directory)."""
+                   progress: Progress = _quiet, make_lab: MakeLab | None = None) -> Outcome:
+    """Run every point of `plan`, writing into `directory` (made by results.new_directory).
+    `make_lab(spec, progress)`: how each variant's lab is brought up (default `Lab.up`, on
+    this machine; `testbed run --hosts` splits it over hosts)."""
     shutil.copyfile(source, directory / results_lib.EXPERIMENT)
     results = start_results(plan, source)
     results_lib.write(directory, results)
@@ -131,7 +134,7 @@ def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False
     try:
         with _signals_interrupt():
             for variant in plan.variants:
-                _run_variant(plan, variant, results, directory, keep, kept, progress)
+                _run_variant(plan, variant, results, directory, keep, kept, progress, make_lab or _lab_here)
         results["status"], results["partial"] = "complete", False
     except KeyboardInterrupt:
         results["status"], results["error"] = "partial", "interrupted"
@@ -148,14 +151,29 @@ def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False
     return Outcome(directory, results, kept)
 
 
-def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path, keep: bool, kept: list[str],
-                 progress: Progress) -> None:
+def _lab_here(spec, progress):
     from orchestrator.emulation import Lab
 
+    return Lab.up(spec, progress)
+
+
+def _via(lab, asked: str) -> str:
+    """How agents get onto `lab`: as the experiment asks, unless the lab says how they must
+    (a lab split over hosts has each host's worker start them: `agents_via`)."""
+    return getattr(lab, "agents_via", None) or asked
+
+
+def _collector(lab):
+    """What reads the lab's link counters: here, or on each host of a split lab."""
+    return lab.fabric_collector() if hasattr(lab, "fabric_collector") else FabricCollector(lab)
+
+
+def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path, keep: bool, kept: list[str],
+                 progress: Progress, make_lab: MakeLab) -> None:
     spec = plan.spec
     points = plan.of_variant(variant)
     entries = {e["id"]: e for e in results["points"]}
-    lab = Lab.up(variant.lab, lambda stage, done, total: progress("up", f"{variant.lab.name}: {stage}", done, total))
+    lab = make_lab(variant.lab, lambda stage, done, total: progress("up", f"{variant.lab.name}: {stage}", done, total))
     monitor = None
     try:
         if spec.monitoring:
@@ -166,7 +184,7 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             results.setdefault("monitoring", {})[lab.name] = {"url": monitor.url, "pid": monitor.pid,
                                                               "started": time.time()}
             progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
-        endpoints = _deploy(lab, spec.agents.via, progress)
+        endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
         points = _with_latency(plan, variant, points, lab, endpoints, entries, progress)
         for planned in points:
             entry = entries[planned.point.id]
@@ -174,7 +192,7 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             results_lib.write(directory, results)
             progress("point", planned.point.id, points.index(planned) + 1, len(points))
             if faulted or entry["status"] == "failed":  # a crashed or paused server's agents: deploy again
-                endpoints = _deploy(lab, spec.agents.via, progress)
+                endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
     finally:
         if monitor is not None:  # before the lab (and its Prometheus's data) goes, interrupted or not
             progress("monitor", f"{lab.name}: prometheus snapshot", 0, 1)
@@ -242,7 +260,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     workers = len(planned.layout.workers)
     faults = planned.faults
     entry["status"] = "running"
-    fabric = FabricCollector(lab)
+    fabric = _collector(lab)
     before = _fabric(fabric)
     window = (time.time(), time.monotonic())
     timeline = TimelineRunner(lab, faults)
@@ -252,7 +270,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iteration, spec.iterations)
 
     watcher = _IterationWatcher(eps, spec.iterations, on_iteration)
-    rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
+    rejoiner = Rejoiner(lab, _via(lab, spec.agents.via)) if faults else None
     result = None
     try:
         with timeline, watcher:

@@ -124,6 +124,17 @@ class SplitLab:
     def state(self) -> SplitState:
         return SplitState(self.spec.name)
 
+    # agents on a split lab are started by each host's worker (Ansible into the hosts'
+    # namespaces is still to come): what an experiment deploys with
+    agents_via = "exec"
+
+    def down(self) -> dict[str, dict]:
+        return clean(self.name, self.engine)
+
+    def fabric_collector(self) -> "HostFabric":
+        """What an experiment reads the links' counters with: each host's, for its nodes."""
+        return HostFabric(self)
+
     @property
     def fabric_exporters(self) -> HostExporters:
         """What `testbed monitor up` starts for the fabric: an exporter on every host."""
@@ -269,6 +280,36 @@ def vnis_taken(hosts: list[str]) -> set[int]:
     return taken
 
 
+@dataclass(frozen=True)
+class HostFabric:
+    """A split lab's link counters as monitoring.exporter.FabricCollector gives one lab's:
+    every host reads the directions its nodes send on."""
+
+    lab: SplitLab
+
+    def link_families(self) -> list:
+        merged: dict = {}
+        for families in self.lab._on_hosts([h.name for h in self.lab.placement.hosts], families_part).values():
+            for family, samples in families:
+                merged.setdefault(family, []).extend(samples)
+        return list(merged.items())
+
+    def close(self) -> None:
+        pass
+
+
+def families_part(name: str) -> list:
+    """On a host: the link families its share's exporter would give now."""
+    from orchestrator.emulation.lab import Lab
+    from orchestrator.monitoring.exporter import FabricCollector
+
+    collector = FabricCollector(Lab.attach(name))
+    try:
+        return collector.link_families()
+    finally:
+        collector.close()
+
+
 @dataclass
 class _Walk:
     """One connection's path being followed, hop by hop (SplitLab.connection_paths)."""
@@ -330,8 +371,8 @@ def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> di
     return started or {}
 
 
-def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
-       underlay: Mapping[str, ipaddress.IPv4Address]) -> SplitLab:
+def up(spec: LabSpec, engine: HostEngine, hosts: list[Host], underlay: Mapping[str, ipaddress.IPv4Address],
+       progress: Callable[[str, int, int], None] = lambda *_: None) -> SplitLab:
     """Build `spec` over `hosts` (each with a worker in `engine`), every host's share at once;
     on any failure every host cleans what it built, and the first error is raised."""
     topology = from_lab(spec)
@@ -349,8 +390,10 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
         _save(built, "building")  # before anything is built: `clean` finds it after a crash
     document = spec.model_dump(mode="json")
     host_names = [host.name for host in hosts]
+    progress(f"preparing {len(host_names)} hosts", 0, 3)
     for name in host_names:  # one host at a time: hosts that share an image store build it once
         engine.run_on(name, prepare_part, document)
+    progress(f"building on {len(host_names)} hosts", 1, 3)
     with ThreadPoolExecutor(len(host_names)) as pool:
         futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
                                      dict(underlay)) for name in host_names}
@@ -361,8 +404,10 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host],
     built = dataclasses.replace(built, routes=tuple(ipaddress.IPv4Network(address.ip)
                                                     for _, address in plan.mgmt.values()))
     _save(built, "building")  # the routes, before they are added
+    progress("management routes", 2, 3)
     _route_management(plan, placement, underlay)
     _save(built, "up")
+    progress("up", 3, 3)
     return built
 
 

@@ -175,6 +175,27 @@ def test_an_up_killed_midway_is_cleaned_by_name(cli):
     assert json.loads(run("hosts", "status", "--json").stdout)["hosts"]["x"]["labs"] == []
 
 
+def test_an_experiment_runs_split_over_the_hosts(cli, tmp_path):
+    """`testbed run --hosts`: the smoke experiment (star,4, a degraded link, Prometheus) with
+    its lab split over the hosts: every point done, its link bytes read on both hosts, its
+    fault applied and undone, and the lab gone after."""
+    run, file, hosts, state = cli
+    run("run", str(Path(__file__).resolve().parents[2] / "experiments" / "smoke.yaml"), "--hosts", str(file),
+        "--out", str(tmp_path / "results"))
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert results["status"] == "complete"
+    for point in results["points"]:
+        assert point["status"] == "done" and point["ratio"] > 0, point.get("error")
+        # every direction of the 4 links carried bytes, each read on the host of its sender
+        # (the servers are on both hosts): none is missing
+        measured = point["bytes_per_link"]["measured"]
+        assert len(measured) == 8, measured
+        assert [event["undone"] is not None for event in point["fault_events"]] == [True]
+    assert "ex-smoke" not in {row["name"] for row in json.loads(run("ls", "--json").stdout)}
+    for host in hosts.names:
+        assert not kernel.list_namespaces(hosts.netns_prefix(host)), host
+
+
 def test_hosts_file_refusals_are_one_line(cli, tmp_path):
     run, file, _, _ = cli
     other = tmp_path / "other.yaml"
