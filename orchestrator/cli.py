@@ -492,10 +492,10 @@ def _split_rows() -> list[dict]:
 @app.command()
 def status(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
     """Nodes, links (state, rate and MTU) and soft-RoCE devices of a live lab."""
-    from orchestrator.emulation import Lab
     from orchestrator.units import format_rate
 
-    report = Lab.attach(name).status()
+    with _live_lab(name) as lab:
+        report = lab.status()
     if as_json:
         print(json.dumps(report, indent=1))
         return

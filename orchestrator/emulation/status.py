@@ -48,8 +48,10 @@ def lab_status(lab) -> dict:
         nodes.append(entry)
     links = []
     for link in topology.links:
-        ends = [interfaces.get(e.node, {}).get(e.interface) for e in (link.a, link.b)]
+        # of a lab split over hosts, this host sees its own ends (the other host reports the rest)
+        ends = [interfaces.get(e.node, {}).get(e.interface) for e in (link.a, link.b) if lab.here(e.node)]
         up = all(e is not None and e["up"] and e["carrier"] for e in ends)
+        first = interfaces.get(link.a.node, {}).get(link.a.interface)
         rate = rates.get((link.a.node, link.a.interface))
         links.append(
             {
@@ -57,9 +59,9 @@ def lab_status(lab) -> dict:
                 "b": link.b.node, "b_interface": link.b.interface,
                 "state": "up" if up else "down",
                 "rate_bps": rate,
-                "mtu": ends[0]["mtu"] if ends[0] else None,
-                "tx_bytes": ends[0]["tx_bytes"] if ends[0] else None,
-                "rx_bytes": ends[0]["rx_bytes"] if ends[0] else None,
+                "mtu": first["mtu"] if first else None,
+                "tx_bytes": first["tx_bytes"] if first else None,
+                "rx_bytes": first["rx_bytes"] if first else None,
             }
         )
     return {

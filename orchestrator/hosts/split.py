@@ -131,6 +131,22 @@ class SplitLab:
     def down(self) -> dict[str, dict]:
         return clean(self.name, self.engine)
 
+    def status(self) -> dict:
+        """As `Lab.status`, from every host: each node as its host sees it; a link up when both
+        its ends are (each on its host), its rate and counters from its first end's host."""
+        reports = self._on_hosts([h.name for h in self.placement.hosts], status_part)
+        host_of = self.placement.host_of
+        first = next(iter(reports.values()))
+        nodes = [next(n for n in reports[host_of[node]]["nodes"] if n["name"] == node) for node in self.topology.nodes]
+        links = []
+        for index, link in enumerate(self.topology.links):
+            seen = {host_of[link.a.node], host_of[link.b.node]}
+            entry = dict(reports[host_of[link.a.node]]["links"][index])
+            entry["state"] = "up" if all(reports[h]["links"][index]["state"] == "up" for h in seen) else "down"
+            links.append(entry)
+        return {**first, "status": read_record(self.name).get("status", "unknown"), "nodes": nodes, "links": links,
+                "hosts": sorted(reports), "rxe": [d for report in reports.values() for d in report["rxe"]]}
+
     def fabric_collector(self) -> "HostFabric":
         """What an experiment reads the links' counters with: each host's, for its nodes."""
         return HostFabric(self)
@@ -296,6 +312,12 @@ class HostFabric:
 
     def close(self) -> None:
         pass
+
+
+def status_part(name: str) -> dict:
+    from orchestrator.emulation.lab import Lab
+
+    return Lab.attach(name).status()
 
 
 def families_part(name: str) -> list:

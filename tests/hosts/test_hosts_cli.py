@@ -118,8 +118,14 @@ def test_a_split_lab_from_the_command_line(cli):
         shown = run("exec", "clisp", "h11", "--", "ip", "-o", "-4", "address", "show", "dev", "h11-eth0").stdout
         assert "10." in shown and "h11-eth0" in shown
         assert run("exec", "clisp", "h11", "--", "sh", "-c", "exit 3", ok=False).returncode == 3
+        shown = json.loads(run("status", "clisp", "--json").stdout)
+        assert shown["status"] == "up" and shown["hosts"] == ["x", "y"]
+        assert all(node["alive"] for node in shown["nodes"]) and len(shown["nodes"]) == 8
+        assert {link["state"] for link in shown["links"]} == {"up"} and len(shown["links"]) == 8
         applied = run("fault", "clisp", "link-down", "h11-l1s1").stdout
         assert "applied" in applied
+        states = {(link["a"], link["b"]): link["state"] for link in json.loads(run("status", "clisp", "--json").stdout)["links"]}
+        assert [pair for pair, state in states.items() if state == "down"] == [("h11", "l1s1")], states
         assert [f["target"] for f in json.loads(run("fault", "clisp", "list", "--json").stdout)] == ["h11-l1s1"]
         down_end = run("exec", "clisp", "h11", "--", "ip", "-o", "link", "show", "dev", "h11-eth1").stdout
         assert "state DOWN" in down_end or "NO-CARRIER" in down_end or ",UP" not in down_end, down_end
