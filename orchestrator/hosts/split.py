@@ -32,10 +32,11 @@ from orchestrator.emulation import kernel
 from orchestrator.emulation.journal import LabState, check_name, global_lock, state_root, write_inside
 from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
+from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
+from orchestrator.hosts import parts
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
 from orchestrator.hosts.exporters import HostExporters
-from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
 from orchestrator.spec import LabSpec
 from orchestrator.topology import Link, Topology, from_lab
 from orchestrator.topology.partition import Host, Placement, check_underlay, place
@@ -134,7 +135,7 @@ class SplitLab:
     def status(self) -> dict:
         """As `Lab.status`, from every host: each node as its host sees it; a link up when both
         its ends are (each on its host), its rate and counters from its first end's host."""
-        reports = self._on_hosts([h.name for h in self.placement.hosts], status_part)
+        reports = self._on_hosts([h.name for h in self.placement.hosts], parts.status_part)
         host_of = self.placement.host_of
         first = next(iter(reports.values()))
         nodes = [next(n for n in reports[host_of[node]]["nodes"] if n["name"] == node) for node in self.topology.nodes]
@@ -199,37 +200,37 @@ class SplitLab:
         """Whether every link between a and b is up at both ends (each asked on its host)."""
         if not self.topology.links_between(a, b):
             return None
-        return all(self._on_hosts({self.placement.host_of[a], self.placement.host_of[b]}, link_up_part, a, b).values())
+        return all(self._on_hosts({self.placement.host_of[a], self.placement.host_of[b]}, parts.link_up_part, a, b).values())
 
     def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
         """As `Lab.set_links`, on every host at once (each reroutes its nodes; a link between
         hosts is cut at both ends)."""
         indices = list(zip(self._index(link for link, _ in changes), (up for _, up in changes)))
         held = self._index(down_elsewhere)
-        return sum(self._on_hosts([h.name for h in self.placement.hosts], set_links_part, indices, held).values())
+        return sum(self._on_hosts([h.name for h in self.placement.hosts], parts.set_links_part, indices, held).values())
 
     def set_link_shape(self, link: Link, rate_bps: int | None = None, delay_s: float = 0.0, jitter_s: float = 0.0,
                        loss_percent: float = 0.0, queue_too: bool = False) -> None:
-        self._on_hosts({self.placement.host_of[link.a.node], self.placement.host_of[link.b.node]}, shape_part,
+        self._on_hosts({self.placement.host_of[link.a.node], self.placement.host_of[link.b.node]}, parts.shape_part,
                        self._index([link])[0], rate_bps, delay_s, jitter_s, loss_percent, queue_too)
 
     def server_processes(self, server: str) -> list[dict]:
-        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "processes", server)
+        return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "processes", server)
 
     def signal_server(self, server: str, processes: list[dict], action: str) -> int:
-        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "signal", server,
+        return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "signal", server,
                                   processes, action)
 
     def revive_server(self, server: str) -> bool:
-        return self.engine.run_on(self.placement.host_of[server], server_part, self.name, "revive", server)
+        return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "revive", server)
 
     def settle(self, nodes: Collection[str]) -> None:
         for host, here in self._hosts_of(nodes).items():
-            self.engine.run_on(host, settle_part, self.name, here)
+            self.engine.run_on(host, parts.settle_part, self.name, here)
 
     def run_nft(self, scripts: dict[str, str]) -> None:
         for host, nodes in self._hosts_of(scripts).items():
-            self.engine.run_on(host, nft_part, self.name, {node: scripts[node] for node in nodes})
+            self.engine.run_on(host, parts.nft_part, self.name, {node: scripts[node] for node in nodes})
 
     def connection_paths(self, port: int) -> dict[tuple[str, ipaddress.IPv4Address], list[str]]:
         """As `Lab.connection_paths`: every established connection from a server to `port`,
@@ -240,7 +241,7 @@ class SplitLab:
                    for host in hosts}
         walks: list[_Walk] = []
         for host in hosts:
-            for server, src, sport, dst, dport in self.engine.run_on(host, connections_part, self.name,
+            for server, src, sport, dst, dport in self.engine.run_on(host, parts.connections_part, self.name,
                                                                         servers[host], port):
                 target = self.topology.owner(dst)
                 if target is None:
@@ -256,7 +257,7 @@ class SplitLab:
                 asked.setdefault(self.placement.host_of[walk.node], []).append(
                     (i, walk.node, walk.dst, walk.src, walk.arrived_on, walk.sport, walk.dport))
             for host, queries in asked.items():
-                for i, oif, gateway in self.engine.run_on(host, route_part, self.name, queries):
+                for i, oif, gateway in self.engine.run_on(host, parts.route_part, self.name, queries):
                     walk = walks[i]
                     walk.path += self.topology.hop(walk.node, oif, gateway or walk.dst)
                     entry = self.topology.owner(gateway or walk.dst)
@@ -305,31 +306,13 @@ class HostFabric:
 
     def link_families(self) -> list:
         merged: dict = {}
-        for families in self.lab._on_hosts([h.name for h in self.lab.placement.hosts], families_part).values():
+        for families in self.lab._on_hosts([h.name for h in self.lab.placement.hosts], parts.families_part).values():
             for family, samples in families:
                 merged.setdefault(family, []).extend(samples)
         return list(merged.items())
 
     def close(self) -> None:
         pass
-
-
-def status_part(name: str) -> dict:
-    from orchestrator.emulation.lab import Lab
-
-    return Lab.attach(name).status()
-
-
-def families_part(name: str) -> list:
-    """On a host: the link families its share's exporter would give now."""
-    from orchestrator.emulation.lab import Lab
-    from orchestrator.monitoring.exporter import FabricCollector
-
-    collector = FabricCollector(Lab.attach(name))
-    try:
-        return collector.link_families()
-    finally:
-        collector.close()
 
 
 @dataclass
@@ -357,12 +340,12 @@ class HostRuntime:
     containerised: bool = False
 
     def spawn(self, lab: SplitLab, node: str, argv: list[str], env: dict[str, str]) -> None:
-        self.engine.run_on(self.host, spawn_part, lab.spec.name, node, argv, env)
+        self.engine.run_on(self.host, parts.spawn_part, lab.spec.name, node, argv, env)
         return None  # journalled on its host, where `clean` kills it
 
     def exec(self, lab: SplitLab, node: str, argv: list[str], timeout: float | None = None):
         """A command on the node, run by its host; its exit code and output."""
-        return self.engine.run_on(self.host, exec_part, lab.spec.name, node, argv, timeout,
+        return self.engine.run_on(self.host, parts.exec_part, lab.spec.name, node, argv, timeout,
                                   timeout=(timeout or 600.0) + 30.0)
 
     def call(self, lab: SplitLab, node: str, argv: list[str]) -> int:
@@ -373,24 +356,6 @@ class HostRuntime:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         return result.returncode
-
-
-def exec_part(name: str, node: str, argv: list[str], timeout: float | None):
-    from orchestrator.emulation.lab import Lab
-
-    return Lab.attach(name).exec(node, argv, timeout)
-
-
-def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> dict:
-    """On a host: a long-running command on one of its servers, journalled in its journal."""
-    from orchestrator.emulation.journal import Entry
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    started = lab.runtime_of(node).spawn(lab, node, argv, env)
-    if started is not None:
-        lab.state.record([Entry("process", f"spawned-{node}-{started['pid']}", started)])
-    return started or {}
 
 
 def up(spec: LabSpec, engine: HostEngine, hosts: list[Host], underlay: Mapping[str, ipaddress.IPv4Address],
@@ -414,10 +379,10 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host], underlay: Mapping[s
     host_names = [host.name for host in hosts]
     progress(f"preparing {len(host_names)} hosts", 0, 3)
     for name in host_names:  # one host at a time: hosts that share an image store build it once
-        engine.run_on(name, prepare_part, document)
+        engine.run_on(name, parts.prepare_part, document)
     progress(f"building on {len(host_names)} hosts", 1, 3)
     with ThreadPoolExecutor(len(host_names)) as pool:
-        futures = {name: pool.submit(engine.run_on, name, build_part, document, name, dict(placement.host_of), wires,
+        futures = {name: pool.submit(engine.run_on, name, parts.build_part, document, name, dict(placement.host_of), wires,
                                      dict(underlay)) for name in host_names}
         errors = [future.exception() for future in futures.values()]
     if any(errors):
@@ -511,102 +476,10 @@ def clean(name: str, engine: HostEngine | None) -> dict[str, dict]:
         if engine is None or engine.missing([host]):
             out[host] = {"lost": True}
             continue
-        out[host] = engine.run_on(host, clean_part, name)
+        out[host] = engine.run_on(host, parts.clean_part, name)
     if not any(result.get("lost") for result in out.values()):
         shutil.rmtree(_state_dir(name), ignore_errors=True)  # the record, its secret, deployment notes
     else:
         data["routes"] = []
         write_inside(_state_dir(name), RECORD, json.dumps(data, indent=1))
     return out
-
-
-def prepare_part(document: dict) -> None:
-    """On a host: what its runtime needs before the lab (Docker's engine and image)."""
-    from orchestrator.emulation.runtimes import runtime_named
-
-    spec = LabSpec.model_validate(document)
-    runtime_named(spec.servers.runtime).prepare(spec, lambda *_: None)
-
-
-def build_part(document: dict, host: str, host_of: dict, wires: tuple, underlay: dict) -> dict:
-    """On a host (a task of its worker): its share of the lab, journalled here."""
-    from orchestrator.emulation.lab import Lab, Part
-
-    spec = LabSpec.model_validate(document)
-    lab = Lab.up(spec, part=Part(host, host_of, tuple(wires), underlay))
-    return {"host": host, "nodes": sum(1 for node in host_of.values() if node == host), "state": str(lab.state.dir)}
-
-
-def clean_part(name: str) -> dict:
-    from orchestrator.emulation import cleanup
-
-    return cleanup.clean_lab(name)
-
-
-def connections_part(name: str, servers: list[str], port: int) -> list[tuple]:
-    """On a host: (server, local address, port, remote address, port) of its servers'
-    established connections to `port`."""
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    spaces = {lab.plan.namespaces[server]: server for server in servers}
-    found = kernel.in_namespaces(spaces, lambda _: kernel.tcp_connections(port))
-    return [(spaces[ns], *connection) for ns, connections in found.items() for connection in connections]
-
-
-def route_part(name: str, queries: list[tuple]) -> list[tuple]:
-    """On a host: for each (id, node, dst, src, arrived on, sport, dport), the interface and
-    gateway that node's routing picks for that flow."""
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    out = []
-    with kernel.Netlink() as nl:
-        for i, node, dst, src, iif, sport, dport in queries:
-            ns = lab.plan.namespaces[node]
-            oif, gateway = kernel.route_get(nl, ns, dst, src, nl.index(ns, iif) if iif else None, sport, dport)
-            out.append((i, nl.name(ns, oif), gateway))
-    return out
-
-
-# -- what a fault does on a host: the host's Lab acts on its own nodes (Lab.here) ---------------
-def link_up_part(name: str, a: str, b: str) -> bool:
-    from orchestrator.emulation.lab import Lab
-
-    return bool(Lab.attach(name).link_up(a, b))
-
-
-def set_links_part(name: str, changes: list[tuple[int, bool]], held: list[int]) -> int:
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    links = lab.topology.links
-    return lab.set_links([(links[i], up) for i, up in changes], [links[i] for i in held])
-
-
-def shape_part(name: str, link: int, *shape) -> None:
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    lab.set_link_shape(lab.topology.links[link], *shape)
-
-
-def server_part(name: str, what: str, server: str, *args):
-    """A server's processes listed, signalled, or the server revived, on its host."""
-    from orchestrator.emulation.lab import Lab
-
-    lab = Lab.attach(name)
-    return {"processes": lab.server_processes, "signal": lab.signal_server, "revive": lab.revive_server}[what](
-        server, *args)
-
-
-def settle_part(name: str, nodes: list[str]) -> None:
-    from orchestrator.emulation.lab import Lab
-
-    Lab.attach(name).settle(nodes)
-
-
-def nft_part(name: str, scripts: dict[str, str]) -> None:
-    from orchestrator.emulation.lab import Lab
-
-    Lab.attach(name).run_nft(scripts)

@@ -268,7 +268,7 @@ def down(progress: Progress, force: bool = False) -> dict:
             labs = sorted({lab for names in held.values() for lab in names})
             raise BadUsage(f"hosts hold labs {', '.join(labs)}: `testbed down` them first (or hosts down --force)")
         if held:
-            from orchestrator.hosts import split
+            from orchestrator.hosts import parts, split
 
             engine, _ = connect(timeout=10.0)
             try:
@@ -276,7 +276,7 @@ def down(progress: Progress, force: bool = False) -> dict:
                     split.clean(lab, engine)
                 for host, labs in held.items():
                     for lab in labs:
-                        engine.run_on(host, split.clean_part, lab)
+                        engine.run_on(host, parts.clean_part, lab)
             finally:
                 engine.close()
         return _teardown(spec, data, progress)

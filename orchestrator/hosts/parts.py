@@ -1,0 +1,137 @@
+"""What each host of a split lab runs, as tasks of its worker (hosts/split.py sends them):
+its share built, prepared and cleaned, and whatever the orchestrator asks of its nodes — a
+command, an agent started, a route looked up, a fault's part, its status and counters. Each
+attaches the host's own journal of the lab (`Lab.attach`) and acts on the nodes placed there
+(`Lab.here`); the imports are inside, so a worker loads only what a task needs."""
+
+from __future__ import annotations
+
+from orchestrator.emulation import kernel
+from orchestrator.spec import LabSpec
+
+
+def status_part(name: str) -> dict:
+    from orchestrator.emulation.lab import Lab
+
+    return Lab.attach(name).status()
+
+
+def families_part(name: str) -> list:
+    """On a host: the link families its share's exporter would give now."""
+    from orchestrator.emulation.lab import Lab
+    from orchestrator.monitoring.exporter import FabricCollector
+
+    collector = FabricCollector(Lab.attach(name))
+    try:
+        return collector.link_families()
+    finally:
+        collector.close()
+
+
+def exec_part(name: str, node: str, argv: list[str], timeout: float | None):
+    from orchestrator.emulation.lab import Lab
+
+    return Lab.attach(name).exec(node, argv, timeout)
+
+
+def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> dict:
+    """On a host: a long-running command on one of its servers, journalled in its journal."""
+    from orchestrator.emulation.journal import Entry
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    started = lab.runtime_of(node).spawn(lab, node, argv, env)
+    if started is not None:
+        lab.state.record([Entry("process", f"spawned-{node}-{started['pid']}", started)])
+    return started or {}
+
+
+def prepare_part(document: dict) -> None:
+    """On a host: what its runtime needs before the lab (Docker's engine and image)."""
+    from orchestrator.emulation.runtimes import runtime_named
+
+    spec = LabSpec.model_validate(document)
+    runtime_named(spec.servers.runtime).prepare(spec, lambda *_: None)
+
+
+def build_part(document: dict, host: str, host_of: dict, wires: tuple, underlay: dict) -> dict:
+    """On a host (a task of its worker): its share of the lab, journalled here."""
+    from orchestrator.emulation.lab import Lab, Part
+
+    spec = LabSpec.model_validate(document)
+    lab = Lab.up(spec, part=Part(host, host_of, tuple(wires), underlay))
+    return {"host": host, "nodes": sum(1 for node in host_of.values() if node == host), "state": str(lab.state.dir)}
+
+
+def clean_part(name: str) -> dict:
+    from orchestrator.emulation import cleanup
+
+    return cleanup.clean_lab(name)
+
+
+def connections_part(name: str, servers: list[str], port: int) -> list[tuple]:
+    """On a host: (server, local address, port, remote address, port) of its servers'
+    established connections to `port`."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    spaces = {lab.plan.namespaces[server]: server for server in servers}
+    found = kernel.in_namespaces(spaces, lambda _: kernel.tcp_connections(port))
+    return [(spaces[ns], *connection) for ns, connections in found.items() for connection in connections]
+
+
+def route_part(name: str, queries: list[tuple]) -> list[tuple]:
+    """On a host: for each (id, node, dst, src, arrived on, sport, dport), the interface and
+    gateway that node's routing picks for that flow."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    out = []
+    with kernel.Netlink() as nl:
+        for i, node, dst, src, iif, sport, dport in queries:
+            ns = lab.plan.namespaces[node]
+            oif, gateway = kernel.route_get(nl, ns, dst, src, nl.index(ns, iif) if iif else None, sport, dport)
+            out.append((i, nl.name(ns, oif), gateway))
+    return out
+
+
+def link_up_part(name: str, a: str, b: str) -> bool:
+    from orchestrator.emulation.lab import Lab
+
+    return bool(Lab.attach(name).link_up(a, b))
+
+
+def set_links_part(name: str, changes: list[tuple[int, bool]], held: list[int]) -> int:
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    links = lab.topology.links
+    return lab.set_links([(links[i], up) for i, up in changes], [links[i] for i in held])
+
+
+def shape_part(name: str, link: int, *shape) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    lab.set_link_shape(lab.topology.links[link], *shape)
+
+
+def server_part(name: str, what: str, server: str, *args):
+    """A server's processes listed, signalled, or the server revived, on its host."""
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    return {"processes": lab.server_processes, "signal": lab.signal_server, "revive": lab.revive_server}[what](
+        server, *args)
+
+
+def settle_part(name: str, nodes: list[str]) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    Lab.attach(name).settle(nodes)
+
+
+def nft_part(name: str, scripts: dict[str, str]) -> None:
+    from orchestrator.emulation.lab import Lab
+
+    Lab.attach(name).run_nft(scripts)
