@@ -375,26 +375,36 @@ def up(spec: LabSpec, engine: HostEngine, hosts: list[Host], underlay: Mapping[s
         plan = LabPlan(spec.name, topology, spec.servers.runtime, subnet)
         built = SplitLab(spec, topology, placement, wires, plan, engine, underlay=dict(underlay))
         _save(built, "building")  # before anything is built: `clean` finds it after a crash
-    document = spec.model_dump(mode="json")
-    host_names = [host.name for host in hosts]
+    try:
+        built = _build(built, engine, [host.name for host in hosts], progress)
+    except BaseException:  # a host's failure, or Ctrl-C: every host cleans what it built, and so does this one
+        clean(spec.name, engine)
+        raise
+    progress("up", 3, 3)
+    return built
+
+
+def _build(built: SplitLab, engine: HostEngine, host_names: list[str],
+           progress: Callable[[str, int, int], None]) -> SplitLab:
+    """Every host's share, at once, then this machine's management routes (each step
+    recorded before it acts); the first host's error is raised once all have ended."""
+    document = built.spec.model_dump(mode="json")
     progress(f"preparing {len(host_names)} hosts", 0, 3)
     for name in host_names:  # one host at a time: hosts that share an image store build it once
         engine.run_on(name, parts.prepare_part, document)
     progress(f"building on {len(host_names)} hosts", 1, 3)
     with ThreadPoolExecutor(len(host_names)) as pool:
-        futures = {name: pool.submit(engine.run_on, name, parts.build_part, document, name, dict(placement.host_of), wires,
-                                     dict(underlay)) for name in host_names}
-        errors = [future.exception() for future in futures.values()]
+        futures = [pool.submit(engine.run_on, name, parts.build_part, document, name, dict(built.placement.host_of),
+                               built.wires, dict(built.underlay)) for name in host_names]
+        errors = [future.exception() for future in futures]
     if any(errors):
-        down(built, engine)
         raise next(error for error in errors if error)
     built = dataclasses.replace(built, routes=tuple(ipaddress.IPv4Network(address.ip)
-                                                    for _, address in plan.mgmt.values()))
+                                                    for _, address in built.plan.mgmt.values()))
     _save(built, "building")  # the routes, before they are added
     progress("management routes", 2, 3)
-    _route_management(plan, placement, underlay)
+    _route_management(built.plan, built.placement, built.underlay)
     _save(built, "up")
-    progress("up", 3, 3)
     return built
 
 

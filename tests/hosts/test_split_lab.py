@@ -7,6 +7,7 @@ nothing on either host or here."""
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import re
@@ -212,3 +213,38 @@ def test_digits_trains_bit_identically_split_and_on_one_host(engine):
         assert len(last) == workers and len({r["param_digest"] for r in last}) == 1, (where, last)
         digests[where] = last[0]["param_digest"]
     assert digests["split"] == digests["one host"], digests
+
+
+class FailingHost:
+    """An engine whose host y fails to build its share: what `up` must then undo."""
+
+    name = "failing"
+
+    def __init__(self) -> None:
+        self.cleaned: list[str] = []
+
+    def run_on(self, host, work, *args, timeout=600.0):
+        from orchestrator.errors import EmulationError
+        from orchestrator.hosts import parts
+
+        if work is parts.build_part and host == "y":
+            raise EmulationError("host y: out of namespaces")
+        if work is parts.clean_part:
+            self.cleaned.append(host)
+        return {}
+
+    def missing(self, expected):
+        return []
+
+
+def test_a_host_that_fails_its_share_leaves_nothing_recorded(tmp_path, monkeypatch):
+    from orchestrator.errors import EmulationError
+
+    monkeypatch.setenv("TESTBED_STATE", str(tmp_path))
+    engine = FailingHost()
+    spec = lab_from_argument("bcube,2,1", name="spfail", **{"servers.runtime": "netns"})
+    underlay = {"x": ipaddress.IPv4Address("198.18.254.1"), "y": ipaddress.IPv4Address("198.18.254.2")}
+    with pytest.raises(EmulationError, match="host y: out of namespaces"):
+        split.up(spec, engine, [Host("x", mtu=9000), Host("y", mtu=9000)], underlay)
+    assert sorted(engine.cleaned) == ["x", "y"]  # both hosts asked to clean, the one that built too
+    assert not split.exists("spfail") and split.names() == []
