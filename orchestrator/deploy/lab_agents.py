@@ -59,13 +59,35 @@ class LabAgents(list):
 
         workers = [e for e in self if e.role == "worker"]
         ranked = sorted(self, key=lambda e: e.rank)
-        ctx = Context(len(workers), self.lab.topology, tuple(e.node for e in ranked), dict(options or {}))
+        ctx = Context(len(workers), as_degraded(self.lab), tuple(e.node for e in ranked), dict(options or {}))
         workload = workloads.emulated(tensors) if workload is None else workload
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency),
                              link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
         return driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
                           **faithful_args, **more)
+
+
+def as_degraded(lab):
+    """The lab's topology with the rates its active `link-degrade` faults set (both directions
+    of each link they hold): what a run that starts now is paced at and predicted with. A
+    degrade applied or undone while the run goes on is not followed (an experiment's timeline
+    prices those iterations apart: experiment/runner.py, under_faults)."""
+    import copy
+
+    from orchestrator.faults import Injector
+
+    rates = {}
+    for fault in Injector(lab).active():
+        if fault.action == "link-degrade" and fault.params.get("rate"):
+            for link in fault.target.links:
+                a, b = link.nodes()
+                rates[(a, b)] = rates[(b, a)] = float(fault.params["rate"])
+    if not rates:
+        return lab.topology
+    topology = copy.copy(lab.topology)  # the lab's own stays as it is
+    topology.rates = {**topology.rates, **rates}
+    return topology
 
 
 def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter") -> LabAgents:

@@ -75,3 +75,23 @@ def test_a_healed_degrade_gives_the_link_its_own_rate_back(lab):
     assert 10_000_000 in rates(lab).values()
     injector.undo(fault.id)
     assert sorted(rates(lab).values()) == [40_000_000] + [100_000_000] * 3
+
+
+def test_a_degrade_made_by_hand_before_a_run_is_what_the_run_is_predicted_with(lab):
+    """A link degraded by hand (`testbed fault`, here its injector) before agents.run: the
+    run is paced at and predicted with the degraded rate, not the link's own, and lands in
+    the band; healed, the next run is predicted as before."""
+    agents = lab_agents.start(lab, via="exec")
+    injector = Injector(lab)
+    fault = injector.inject("link-degrade", "h2-sw", {"rate": "20Mbit"}).fault
+    try:
+        slowed = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=4)
+    finally:
+        injector.undo(fault.id)
+    assert {load.link for load in slowed.predicted.bottlenecks()} == {"h2→sw", "sw→h2"}
+    seconds = statistics.mean(slowed.back_to_back_times())
+    print(f"ring with h2-sw degraded to 20 Mbit by hand: {seconds:.3f} s, predicted {slowed.predicted.per_run:.3f} s")
+    assert 0.85 <= seconds / slowed.predicted.per_run <= 1.15
+    healed = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=2)
+    assert {load.link for load in healed.predicted.bottlenecks()} == {"h0→sw", "sw→h0"}  # its own 40 Mbit again
+    assert healed.predicted.per_run < 0.7 * slowed.predicted.per_run
