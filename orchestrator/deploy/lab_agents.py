@@ -70,19 +70,17 @@ class LabAgents(list):
 
 def as_degraded(lab):
     """The lab's topology with the rates its active `link-degrade` faults set (both directions
-    of each link they hold): what a run that starts now is paced at and predicted with. A
-    degrade applied or undone while the run goes on is not followed (an experiment's timeline
-    prices those iterations apart: experiment/runner.py, under_faults)."""
+    of the link each names, `A-B`, from the lab's fault log): what a run that starts now is
+    paced at and predicted with. A degrade applied or undone while the run goes on is not
+    followed (an experiment's timeline prices those iterations apart: its under_faults)."""
     import copy
 
-    from orchestrator.faults import Injector
-
     rates = {}
-    for fault in Injector(lab).active():
-        if fault.action == "link-degrade" and fault.params.get("rate"):
-            for link in fault.target.links:
-                a, b = link.nodes()
-                rates[(a, b)] = rates[(b, a)] = float(fault.params["rate"])
+    for fault in lab.state.active_faults():
+        rate, ends = fault["params"].get("rate"), fault["target"].split("-")
+        if fault["action"] == "link-degrade" and fault["applied"] is not None and rate and len(ends) == 2:
+            a, b = ends
+            rates[(a, b)] = rates[(b, a)] = float(rate)
     if not rates:
         return lab.topology
     topology = copy.copy(lab.topology)  # the lab's own stays as it is
