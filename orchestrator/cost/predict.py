@@ -153,9 +153,12 @@ BACK_TO_BACK = 4
 # gives one allreduce alone (a partitioned ResNet-50 on star,4 took 1.4 s per run of four).
 BACK_TO_BACK_WORK = 200_000
 
-# Path-search steps one prediction may take before it simulates anything: about 15 µs each
-# here (bench/predict_budget.py), so ~15 s at the limit. fattree,8's mesh, 16,256 pairs over
-# 16 ECMP paths, is 1.8 M: it took 27-30 s, at the edge of the 30 s a prediction may take.
+# Path-search steps (the estimate below) one prediction may take before it simulates anything.
+# Routes now walk each connection's ECMP paths as one graph (routes.py): fattree,8's mesh,
+# 1.8 M steps, searches in 3.1 s (27-30 s path by path) and fattree,16's halving-doubling,
+# 4.6 M, in 2.0 s. The limit stays where it was all the same: past it, what comes next is
+# too slow (fattree,16's halving-doubling then simulates for 20-45 s, its 1,024-wide
+# max-min shares at every event), so such plans are still refused before anything is built.
 MAX_PATH_WORK = 1_000_000
 
 

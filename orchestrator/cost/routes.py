@@ -23,6 +23,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from orchestrator.topology import Topology, kinds
+from orchestrator.topology.model import RoutingError
 from orchestrator.topology.partition import Underlay
 
 Address = ipaddress.IPv4Address
@@ -72,6 +73,10 @@ class Routes:
                 self.directions.append(LinkDirection(*pair))
         self._usage: dict[tuple[str, Address], tuple[Usage, float]] = {}
         self._addresses: dict[tuple[str, int | None], Address] = {}
+        # (node, its table's next hops, the address if one is on-link) → (the routing point
+        # each reaches, link directions crossed)
+        self._segments: dict[tuple[str, int, int | None], list[tuple[str, tuple[int, ...]]]] = {}
+        self._keep: list = []
         self.underlay = underlay
         self._nics: dict[int, float] = {}  # a host NIC's direction → its bits/s
         self._crossing: dict[int, tuple[int, ...]] = {}  # a link direction between hosts → the NICs it crosses
@@ -130,18 +135,83 @@ class Routes:
             except KeyError:
                 raise ValueError(f"the path {pinned} from {src} to {address} crosses no link of the topology") from None
             return self._over_nics({link: 1.0 for link in links}), float(len(pinned) - 1)
+        order, edges = self._routing_dag(src, address)
+        weight = dict.fromkeys(order, 0.0)
+        weight[src] = 1.0
         shares: dict[int, float] = {}
         hops = 0.0
-        for path in self.topology.layered_paths(src, address):
-            weight = 1.0
-            for name, crossing in path[:-1]:
-                if crossing == "l3":  # a routing decision: split over its equal-cost next hops
-                    weight /= len(self.topology.lookup(name, address))
-            for a, b in zip(path, path[1:]):
-                index = self._index[(a[0], b[0])]
-                shares[index] = shares.get(index, 0.0) + weight
-            hops += weight * (len(path) - 1)
+        for node in order:  # every routing point after all that send to it: its weight is whole
+            fanout = edges[node]
+            if not fanout:
+                continue
+            part = weight[node] / len(fanout)  # a routing decision: split over its equal-cost next hops
+            for nxt, links in fanout:
+                weight[nxt] += part
+                for index in links:
+                    shares[index] = shares.get(index, 0.0) + part
+                hops += part * len(links)
         return self._over_nics(shares), hops
+
+    def _routing_dag(self, src: str, address: Address) -> tuple[list[str], dict[str, list[tuple[str, tuple[int, ...]]]]]:
+        """The routing points (`src`, routers, relaying servers) a transfer from `src` to
+        `address` reaches, senders before receivers, and each one's equal-cost next hops
+        with the link directions to them: what `Topology.layered_paths` walks path by path,
+        each point once, so a Fat-Tree's 64 paths cost their ~150 distinct hops, not 64 × 7
+        (RoutingError on a black hole, a loop or a relay that does not forward, as there)."""
+        topology = self.topology
+        topology.node(src)
+        owner = topology.owner(address)
+        if owner is None:
+            raise RoutingError(f"no interface in the topology has address {address}")
+        edges: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        finished: list[str] = []
+        on_stack = {src}
+        stack = [(src, iter(self._next_hops(src, address, owner.node, src)))]
+        edges[src] = []
+        while stack:
+            node, pending = stack[-1]
+            step = next(pending, None)
+            if step is None:  # every point it sends to is done: depth-first postorder
+                stack.pop()
+                on_stack.discard(node)
+                finished.append(node)
+                continue
+            edges[node].append(step)
+            nxt = step[0]
+            if nxt in on_stack:
+                raise RoutingError(f"forwarding loop towards {address}: {[n for n, _ in stack] + [nxt]}")
+            if nxt not in edges:
+                edges[nxt] = []
+                on_stack.add(nxt)
+                stack.append((nxt, iter(self._next_hops(nxt, address, owner.node, src))))
+        finished.reverse()
+        return finished, edges
+
+    def _next_hops(self, node: str, address: Address, goal: str, src: str) -> list[tuple[str, tuple[int, ...]]]:
+        """(next routing point, link directions to it) of each equal-cost next hop of `node`
+        towards `address` (none at its owner, `goal`); a segment is looked up once per
+        (node, device, gateway), whichever transfer crosses it."""
+        if node == goal:
+            return []
+        topology = self.topology
+        hops = topology.lookup(node, address)
+        if not hops:
+            raise RoutingError(f"black hole: {node} has no route to {address} (from {src})")
+        if node != src and not topology.nodes[node].forwards:
+            raise RoutingError(f"{node} does not forward but is asked to relay to {address}")
+        # a table's entry is one tuple of next hops for its whole prefix: what they reach is
+        # the same for every address there, but for an on-link hop (it goes to the address)
+        key = (node, id(hops), None if all(hop.via for hop in hops) else int(address))
+        out = self._segments.get(key)
+        if out is None:
+            out = self._segments[key] = [self._segment(node, hop.dev, hop.via or address) for hop in hops]
+            self._keep.append(hops)  # the key holds its id: keep it alive
+        return out
+
+    def _segment(self, node: str, dev: str, gateway: Address) -> tuple[str, tuple[int, ...]]:
+        """(the routing point reached from `node` by `dev` towards `gateway`, link directions crossed)."""
+        crossed = [node, *self.topology.hop(node, dev, gateway)]
+        return crossed[-1], tuple(self._index[(a, b)] for a, b in zip(crossed, crossed[1:]))
 
     def _over_nics(self, shares: dict[int, float]) -> Usage:
         """The usage, with the host NICs its links between hosts cross."""

@@ -55,7 +55,7 @@ from typing import Sequence
 
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule
-from orchestrator.cost.fairness import max_min_rates
+from orchestrator.cost.fairness import MaxMin
 from orchestrator.cost.network import Network
 from orchestrator.cost.ranges import Ranges
 from orchestrator.cost.routes import Routes
@@ -76,6 +76,7 @@ _TIME_SLACK = 1e-9  # events this close (relative to the time to the next one) a
 # 64 at 25 MB, a tree on fattree,4), so about 20 s for MAX_WORK (a ring's events grow with
 # its transfers and so do the transfers live at each: n³).
 MAX_WORK = 1_200_000
+_SHARED_SETS = 4096  # sets of connections whose rates are kept (each a list as long as the set)
 _MAX_DEPTH = 200  # transfers one wait may chain through before the estimate gives up (safely)
 
 
@@ -290,6 +291,9 @@ class _Run:
             for p, (_, schedule) in enumerate(schedules):
                 self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize)
         self.ranks = ranks
+        self.fair = MaxMin(self.usage, self.capacity)
+        # connections active together → their rates: a ring's steps share a few such sets
+        self.shared: dict[tuple[int, ...], list[float]] = {}
         # per rank: partitions by priority, iteration after iteration; the next to start,
         # bytes in flight; the iteration it is in and its partitions left there
         order = sorted(range(len(schedules)), key=lambda p: (schedules[p][0].priority, p))
@@ -609,8 +613,12 @@ class _Run:
         by_connection: dict[int, list[Flow]] = {}
         for flow in active:
             by_connection.setdefault(flow.connection, []).append(flow)
-        connections = list(by_connection)
-        rates = max_min_rates([self.usage[c] for c in connections], self.capacity)
+        connections = tuple(by_connection)
+        rates = self.shared.get(connections)
+        if rates is None:
+            if len(self.shared) >= _SHARED_SETS:
+                self.shared.clear()
+            rates = self.shared[connections] = self.fair.rates(connections)
         for connection, rate in zip(connections, rates):
             share = rate / len(by_connection[connection])
             for flow in by_connection[connection]:

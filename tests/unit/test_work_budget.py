@@ -191,7 +191,7 @@ def test_register_refuses_duplicates_and_bad_names():
 
 # -- the model: path search and event loop bounded ------------------------------------------------
 def test_path_work_refused_before_any_path_is_searched(monkeypatch):
-    from orchestrator.cost.predict import check_path_work
+    from orchestrator.cost.predict import MAX_PATH_WORK, check_path_work
     from orchestrator.topology.model import Topology
 
     t = topo("star,4000")
@@ -199,7 +199,7 @@ def test_path_work_refused_before_any_path_is_searched(monkeypatch):
     searched = []
     monkeypatch.setattr(Topology, "_l2_tree", lambda self, start: searched.append(start) or {})
     monkeypatch.setattr(Topology, "paths", lambda self, a, b: [[a, "sw", b]])
-    with pytest.raises(ValueError, match=r"path-search steps, more than the 1,000,000"):
+    with pytest.raises(ValueError, match=f"path-search steps, more than the {MAX_PATH_WORK:,}"):
         check_path_work(t, schedules)
     assert not searched
 
