@@ -92,9 +92,7 @@ def hosts_up(file: Path = typer.Argument(..., help="a hosts file (README: Labs o
 
     spec = load(HostsSpec, file)
     with _progress() as progress:
-        task = progress.add_task("hosts", total=None)
-        done = workers.up(spec, lambda stage, n, total: progress.update(task, description=stage[:60], completed=n,
-                                                                          total=total or None))
+        done = workers.up(spec, _reporter(progress, "hosts"))
     out.print(f"hosts {', '.join(done['hosts'])} are up, scheduler {done['address']} "
               f"({done['changed']} changes, {done['seconds']} s)", highlight=False)
 
@@ -127,9 +125,7 @@ def hosts_down(force: bool = typer.Option(False, "--force", help="clean the labs
     from orchestrator.hosts import workers
 
     with _progress() as progress:
-        task = progress.add_task("hosts", total=None)
-        done = workers.down(lambda stage, n, total: progress.update(task, description=stage[:60], completed=n,
-                                                                      total=total or None), force=force)
+        done = workers.down(_reporter(progress, "hosts"), force=force)
     if "removed" in done:
         out.print(f"removed an unreadable hosts record ({done['removed']}): stop what it started by hand")
         return
@@ -298,12 +294,7 @@ def up(
         _split_up(spec, hosts)
         return
     with _progress() as progress:
-        task = progress.add_task("checking", total=None)
-
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=stage[:60], completed=done, total=total or None)
-
-        built = Lab.up(spec, report)
+        built = Lab.up(spec, _reporter(progress, "checking"))
     summary = built.topology
     out.print(
         f"lab [bold]{spec.name}[/] is up: {len(summary.servers)} servers ({spec.servers.runtime}), "
@@ -338,14 +329,19 @@ def _split_maker(path: Path) -> Iterator:
 def _split_up(spec, path: Path) -> None:
     """`testbed up --hosts FILE`: the lab over hosts that are up, each building its share."""
     with _split_maker(path) as (make_lab, listed), _progress() as progress:
-        task = progress.add_task("hosts", total=None)
-        built = make_lab(spec, lambda stage, done, total: progress.update(task, description=stage[:60],
-                                                                          completed=done, total=total or None))
+        built = make_lab(spec, _reporter(progress, "hosts"))
     shares = {host.name: sum(1 for s in built.topology.servers if built.placement.host_of[s.name] == host.name)
               for host in listed.hosts}
     out.print(f"lab [bold]{spec.name}[/] is up over {len(shares)} hosts ("
               + ", ".join(f"{h}: {n} servers" for h, n in shares.items())
               + f"), {len(built.wires)} VXLAN wires; management {built.plan.mgmt_subnet}", highlight=False)
+
+
+def _reporter(progress: Progress, first: str):
+    """A step callback (stage, done, total) that moves one bar of `progress`, named `first` at
+    the start."""
+    task = progress.add_task(first, total=None)
+    return lambda stage, done, total: progress.update(task, description=stage[:60], completed=done, total=total or None)
 
 
 def _progress() -> Progress:
@@ -909,12 +905,7 @@ def deploy(
 
     lab = Lab.attach(name)
     with _progress() as progress:
-        task = progress.add_task("deploying", total=None)
-
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=stage[:60], completed=done, total=total or None)
-
-        deployment = deploy_agents(lab, _names(servers), _roles(ps), via=via, progress=report)
+        deployment = deploy_agents(lab, _names(servers), _roles(ps), via=via, progress=_reporter(progress, "deploying"))
     result = deployment.result
     count = len(deployment.endpoints)
     summary = f"{count} agent{'s' * (count != 1)} healthy on lab {name}"
@@ -936,10 +927,7 @@ def undeploy(
 
     lab = Lab.attach(name)
     with _progress() as progress:
-        task = progress.add_task("removing agents", total=None)
-        undeploy_agents(lab, _names(servers), via=via,
-                        progress=lambda stage, done, total: progress.update(task, description=stage[:60],
-                                                                            completed=done, total=total or None))
+        undeploy_agents(lab, _names(servers), via=via, progress=_reporter(progress, "removing agents"))
     out.print(f"agents of lab {name} removed")
 
 

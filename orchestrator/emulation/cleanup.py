@@ -99,7 +99,7 @@ def _clean(name: str) -> dict[str, int]:
 
     _thaw_paused(name, by_kind["fault"])  # a stopped process or paused container dies cleanly once thawed
     for entry in by_kind["process"]:
-        removed["processes"] += _kill(entry.extra.get("pid"), entry.extra.get("start"))
+        removed["processes"] += kill_recorded(entry.extra.get("pid"), entry.extra.get("start"))
     for entry in by_kind["rxe"]:
         result = subprocess.run(["rdma", "link", "delete", entry.name], capture_output=True)
         removed["rxe devices"] += result.returncode == 0
@@ -132,7 +132,7 @@ def _clean(name: str) -> dict[str, int]:
     # whatever still runs inside the lab's namespaces (agents started between a fork and
     # its journal line, tools left by `testbed exec`) goes with them
     for pid in kernel.pids_in(sorted(namespaces)):
-        removed["processes"] += _kill(pid, None)
+        removed["processes"] += kill_recorded(pid, None)
     for ns in sorted(namespaces):
         removed["namespaces"] += kernel.delete_namespace(ns)
 
@@ -192,7 +192,7 @@ def _lab_containers(name: str | None) -> list[dict]:
     return [c for c in docker_engine.lab_containers(name) if c["name"].startswith(NAMESPACE_PREFIX)]
 
 
-def _kill(pid: int | None, start: str | None) -> int:
+def kill_recorded(pid: int | None, start: str | None) -> int:
     """Kill a recorded process group, only if the pid still belongs to the same process."""
     if not pid:
         return 0

@@ -63,7 +63,7 @@ class Lab:
         self.spec = spec
         self.plan = plan
         self.state = state
-        self.part = part  # a host's share of a split lab: faults act on the nodes here only
+        self.part = part  # a host's share of a split lab: built, changed and read on its nodes only
         self._net = None
 
     def here(self, node: str) -> bool:
@@ -99,7 +99,7 @@ class Lab:
                 )
             lab = cls(spec, plan, state, part)
             try:
-                _Builder(lab, progress, signals.check, part).build()
+                _Builder(lab, progress, signals.check).build()
                 signals.check()  # a signal during the last step still undoes the lab
                 state.update_state(status="up", pid=None)
             except BaseException:
@@ -379,7 +379,7 @@ class Lab:
         if not self.runtime_of(server).revive(self, server):
             return False
         space = self.plan.namespaces[server]
-        builder = _Builder(self, _quiet, part=self.part)
+        builder = _Builder(self, _quiet)
         try:
             kernel.set_up(builder.nl, space, "lo")
             builder.mgmt_inside(builder.nl, server)
@@ -392,7 +392,7 @@ class Lab:
 
     def settle(self, nodes: Collection[str]) -> None:
         """Wait until the interfaces that are set up on `nodes` carry packets (see _Builder.settle)."""
-        builder = _Builder(self, _quiet, part=self.part)
+        builder = _Builder(self, _quiet)
         try:
             builder.settle(nodes)
         finally:
@@ -454,11 +454,10 @@ def management_subnet(spec: LabSpec, topology: Topology):
 class _Builder:
     """The steps of bring-up, each journalled before it acts."""
 
-    def __init__(self, lab: Lab, progress: Progress, checkpoint: Callable[[], None] = lambda: None,
-                 part: Part | None = None) -> None:
+    def __init__(self, lab: Lab, progress: Progress, checkpoint: Callable[[], None] = lambda: None) -> None:
         self.lab = lab
-        self.part = part  # a host's share of a split lab: only its nodes, wires for links that leave it
-        self.mine = part.holds if part is not None else (lambda node: True)
+        self.part = lab.part  # a host's share of a split lab: only its nodes, wires for links that leave it
+        self.mine = lab.here
         self.plan = lab.plan
         self.spec = lab.spec
         self.topology = lab.topology

@@ -75,8 +75,6 @@ def read_record(name: str) -> dict:
 
 
 def _save(lab: "SplitLab", status: str) -> None:
-    topology = lab.topology
-    index = {(link.a, link.b): i for i, link in enumerate(topology.links)}
     _state_dir(lab.name).mkdir(mode=0o700, parents=True, exist_ok=True)
     write_inside(_state_dir(lab.name), RECORD, json.dumps({
         "status": status,
@@ -84,7 +82,7 @@ def _save(lab: "SplitLab", status: str) -> None:
         "hosts": [dataclasses.asdict(host) for host in lab.placement.hosts],
         "host_of": dict(lab.placement.host_of),
         "method": lab.placement.method,
-        "wires": [[index[(w.link.a, w.link.b)], w.vni, *w.hosts] for w in lab.wires],
+        "wires": [[i, w.vni, *w.hosts] for i, w in zip(lab.link_index(w.link for w in lab.wires), lab.wires)],
         "underlay": {host: str(address) for host, address in lab.underlay.items()},
         "routes": [str(prefix) for prefix in lab.routes],
     }, indent=1))
@@ -135,10 +133,11 @@ class SplitLab:
     def status(self) -> dict:
         """As `Lab.status`, from every host: each node as its host sees it; a link up when both
         its ends are (each on its host), its rate and counters from its first end's host."""
-        reports = self._on_hosts([h.name for h in self.placement.hosts], parts.status_part)
+        reports = self._on_hosts(self.host_names, parts.status_part)
         host_of = self.placement.host_of
         first = next(iter(reports.values()))
-        nodes = [next(n for n in reports[host_of[node]]["nodes"] if n["name"] == node) for node in self.topology.nodes]
+        seen_by = {host: {n["name"]: n for n in report["nodes"]} for host, report in reports.items()}
+        nodes = [seen_by[host_of[node]][node] for node in self.topology.nodes]
         links = []
         for index, link in enumerate(self.topology.links):
             seen = {host_of[link.a.node], host_of[link.b.node]}
@@ -192,9 +191,14 @@ class SplitLab:
             futures = {host: pool.submit(self.engine.run_on, host, work, self.name, *args) for host in hosts}
             return {host: future.result() for host, future in futures.items()}
 
-    def _index(self, links: Iterable[Link]) -> list[int]:
+    def link_index(self, links: Iterable[Link]) -> list[int]:
+        """Each link's place in the topology's links: how hosts and the record name it."""
         position = {(link.a, link.b): i for i, link in enumerate(self.topology.links)}
         return [position[(link.a, link.b)] for link in links]
+
+    @property
+    def host_names(self) -> list[str]:
+        return [host.name for host in self.placement.hosts]
 
     def link_up(self, a: str, b: str) -> bool | None:
         """Whether every link between a and b is up at both ends (each asked on its host)."""
@@ -205,14 +209,14 @@ class SplitLab:
     def set_links(self, changes: Sequence[tuple[Link, bool]], down_elsewhere: Collection[Link] = ()) -> int:
         """As `Lab.set_links`, on every host at once (each reroutes its nodes; a link between
         hosts is cut at both ends)."""
-        indices = list(zip(self._index(link for link, _ in changes), (up for _, up in changes)))
-        held = self._index(down_elsewhere)
-        return sum(self._on_hosts([h.name for h in self.placement.hosts], parts.set_links_part, indices, held).values())
+        indices = list(zip(self.link_index(link for link, _ in changes), (up for _, up in changes)))
+        held = self.link_index(down_elsewhere)
+        return sum(self._on_hosts(self.host_names, parts.set_links_part, indices, held).values())
 
     def set_link_shape(self, link: Link, rate_bps: int | None = None, delay_s: float = 0.0, jitter_s: float = 0.0,
                        loss_percent: float = 0.0, queue_too: bool = False) -> None:
         self._on_hosts({self.placement.host_of[link.a.node], self.placement.host_of[link.b.node]}, parts.shape_part,
-                       self._index([link])[0], rate_bps, delay_s, jitter_s, loss_percent, queue_too)
+                       self.link_index([link])[0], rate_bps, delay_s, jitter_s, loss_percent, queue_too)
 
     def server_processes(self, server: str) -> list[dict]:
         return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "processes", server)
@@ -236,7 +240,7 @@ class SplitLab:
         """As `Lab.connection_paths`: every established connection from a server to `port`,
         with the path its 5-tuple takes, each hop asked where that hop is. All connections
         step together, one request per host and hop."""
-        hosts = [host.name for host in self.placement.hosts]
+        hosts = self.host_names
         servers = {host: [s.name for s in self.topology.servers if self.placement.host_of[s.name] == host]
                    for host in hosts}
         walks: list[_Walk] = []
@@ -306,7 +310,7 @@ class HostFabric:
 
     def link_families(self) -> list:
         merged: dict = {}
-        for families in self.lab._on_hosts([h.name for h in self.lab.placement.hosts], parts.families_part).values():
+        for families in self.lab._on_hosts(self.lab.host_names, parts.families_part).values():
             for family, samples in families:
                 merged.setdefault(family, []).extend(samples)
         return list(merged.items())
@@ -424,22 +428,13 @@ def _route_management(plan: LabPlan, placement: Placement, underlay: Mapping[str
 
 
 def _stop_processes(state: SplitState) -> int:
-    """What the lab started here (its Prometheus and Grafana), each if still that process."""
-    import os
-    import signal
+    """What the lab started here (its Prometheus and Grafana), each if still that process (a
+    journal line without its start time names no process)."""
+    from orchestrator.emulation.cleanup import kill_recorded
 
-    from orchestrator.emulation.cleanup import same_process
-
-    stopped = 0
-    for entry in state.journal():
-        pid, start = entry.extra.get("pid"), entry.extra.get("start")
-        if entry.kind == "process" and isinstance(pid, int) and isinstance(start, str) and same_process(pid, start):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-                stopped += 1
-            except ProcessLookupError:
-                pass
-    return stopped
+    return sum(kill_recorded(entry.extra.get("pid"), entry.extra["start"]) for entry in state.journal()
+               if entry.kind == "process" and isinstance(entry.extra.get("pid"), int)
+               and isinstance(entry.extra.get("start"), str))
 
 
 def _delete_routes(spec: dict, routes: list, underlay: dict) -> int:

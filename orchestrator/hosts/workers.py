@@ -22,8 +22,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
+from orchestrator.deploy.playbook import Progress
 from orchestrator.emulation import kernel
 from orchestrator.emulation.cleanup import process_start_time, same_process
 from orchestrator.emulation.journal import global_lock, state_root, write_inside
@@ -34,7 +34,6 @@ from orchestrator.hosts.engine import ENGINES, HostEngine
 from orchestrator.hosts.tls import Credentials, credentials
 from orchestrator.spec.hosts import HostSpec, HostsSpec
 
-Progress = Callable[[str, int, int], None]
 REAL_HOME = Path("/var/lib/testbed-worker")
 REAL_SERVICE_DIR = Path("/etc/service")  # Debian's daemontools-run
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -292,8 +291,5 @@ def _teardown(spec: HostsSpec, data: dict, progress: Progress) -> dict:
     for svscan in data.get("svscans", {}).values():
         _kill(svscan)
     _kill(data.get("scheduler"))
-    for host in spec.hosts:
-        if host.netns:
-            shutil.rmtree(home(host), ignore_errors=True)
-    shutil.rmtree(engine_dir(), ignore_errors=True)
+    shutil.rmtree(engine_dir(), ignore_errors=True)  # faked hosts' homes too: they live under it
     return {"stopped": [h.name for h in spec.hosts if h.name not in unreached], "unreached": unreached}
