@@ -46,9 +46,13 @@ def cli(tmp_path_factory):
             f"  - {{name: {h}, address: {hosts.address(h)}, mtu: 9000, netns: {hosts.namespace(h)}}}\n"
             for h in hosts.names))
         try:
+            started = time.monotonic()
             first = run("hosts", "up", str(file))
+            took = time.monotonic() - started
             assert "hosts x, y are up" in first.stdout
+            started = time.monotonic()
             again = run("hosts", "up", str(file))  # idempotent: nothing to change
+            print(f"testbed hosts up: {took:.1f} s the first time, {time.monotonic() - started:.1f} s again")
             assert "(0 changes" in again.stdout, again.stdout
             yield run, file, hosts, state
         finally:
@@ -192,6 +196,7 @@ def test_an_experiment_runs_split_over_the_hosts(cli, tmp_path):
     assert results["status"] == "complete"
     for point in results["points"]:
         assert point["status"] == "done" and point["ratio"] > 0, point.get("error")
+        print(f"{point['id']} split over two hosts: {point['ratio']:.3f} × predicted, {point['fidelity']['verdict']}")
         # every direction of the 4 links carried bytes, each read on the host of its sender
         # (the servers are on both hosts): none is missing
         measured = point["bytes_per_link"]["measured"]
