@@ -652,7 +652,9 @@ def route_message(
 def neighbour_message(index: int, address: ipaddress.IPv4Address, mac: str, state: int) -> bytes:
     body = struct.pack("=BBHiHBB", socket.AF_INET, 0, 0, index, state, 0, 0)
     body += _attr(NDA_DST, address.packed) + _attr(NDA_LLADDR, bytes.fromhex(mac.replace(":", "")))
-    return _message(RTM_NEWNEIGH, CREATE, body)
+    # replace, not create: the kernel may already hold an entry it learnt or is resolving (a
+    # packet sent to the address as soon as the route existed); the permanent one wins
+    return _message(RTM_NEWNEIGH, REPLACE, body)
 
 
 IFLA_ADDRESS, IFLA_TXQLEN, IFLA_MASTER, IFLA_GROUP, IFLA_NET_NS_FD = 1, 13, 10, 27, 28

@@ -75,7 +75,7 @@ def test_address_neighbour_link_up_and_isolation():
     same(kernel.address_message(5, ipaddress.IPv4Interface("10.0.0.1/24")),
          pyroute2_bytes(lambda b: b.addr("add", index=5, address="10.0.0.1", prefixlen=24)))
     same(kernel.neighbour_message(5, IP("198.18.0.2"), "0e:01:02:03:00:01", kernel.NUD_PERMANENT),
-         pyroute2_bytes(lambda b: b.neigh("add", dst="198.18.0.2", lladdr="0e:01:02:03:00:01", ifindex=5, state=0x80)))
+         pyroute2_bytes(lambda b: b.neigh("replace", dst="198.18.0.2", lladdr="0e:01:02:03:00:01", ifindex=5, state=0x80)))
     same(kernel.link_up_message(5, "x"), pyroute2_bytes(lambda b: b.link("set", index=5, state="up")))
     same(kernel.link_up_message(None, "mgmt0"), pyroute2_bytes(lambda b: b.link("set", ifname="mgmt0", state="up")))
     same(kernel.isolate_message("tb123456-7"),
