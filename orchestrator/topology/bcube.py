@@ -21,7 +21,7 @@ from itertools import product
 
 from orchestrator.topology.addressing import StructuredPool, lan_host_bits
 from orchestrator.topology.builder import TopologyBuilder
-from orchestrator.topology.model import NextHop, Route, Topology
+from orchestrator.topology.model import NextHop, Topology
 
 Digits = tuple[int, ...]  # most significant first: (a_k, ..., a_0)
 
@@ -127,20 +127,13 @@ def build(n: int, k: int, data_pool, links_pool=None) -> Topology:
     by_name = {server_name(a, n): a for a in servers}
     order = route_order(k)
 
-    def routes(name: str) -> list[Route]:
-        """Digit-correction routes of one server: to the relay fixing the first digit that
-        differs (in `order`), a /32 per destination address not on its own LANs."""
-        src = by_name.get(name)
-        if src is None:
-            return []
-
-        def first_hop(dst_name: str) -> NextHop:
-            dst = by_name[dst_name]
-            level = next(lv for lv in order if digit(src, lv) != digit(dst, lv))
-            relay = server_name(with_digit(src, level, digit(dst, level)), n)
-            return NextHop(f"{name}-eth{level}", builder.nodes[relay].interfaces[f"{relay}-eth{level}"].address.ip)
-
-        return builder.host_routes(name, by_name, first_hop)
+    def first_hop(src_name: str, dst_name: str) -> NextHop:
+        """Digit correction: to the relay fixing the first digit that differs (in `order`); a
+        /32 per destination address not on the server's own LANs (HostRouting)."""
+        src, dst = by_name[src_name], by_name[dst_name]
+        level = next(lv for lv in order if digit(src, lv) != digit(dst, lv))
+        relay = server_name(with_digit(src, level, digit(dst, level)), n)
+        return NextHop(f"{src_name}-eth{level}", builder.nodes[relay].interfaces[f"{relay}-eth{level}"].address.ip)
 
     facts = {
         "n": n,
@@ -149,7 +142,7 @@ def build(n: int, k: int, data_pool, links_pool=None) -> Topology:
         "groups": groups,  # per level: the servers on each switch, in port order
         "route_order": order,
     }
-    return builder.build(facts, lazy_routes=routes)
+    return builder.build(facts, lazy_routes=builder.host_routing(by_name, first_hop))
 
 
 def nic_addresses(topology: Topology, server: str) -> dict:

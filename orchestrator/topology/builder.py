@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from orchestrator.errors import TopologyError
 from orchestrator.topology.model import (
@@ -115,20 +115,6 @@ class TopologyBuilder:
         network = prefix if isinstance(prefix, ipaddress.IPv4Network) else ipaddress.IPv4Network(prefix)
         self.routes.setdefault(node, []).append(Route(network, hops))
 
-    def host_routes(self, src: str, dsts: Iterable[str], first_hop: Callable[[str], NextHop]) -> list[Route]:
-        """Routes of a relaying server: a /32 to every address of every other server in
-        `dsts` that is not on one of `src`'s own subnets, via `first_hop(dst)`."""
-        own = {i.address.network for i in self.nodes[src].data_nics()}
-        table = []
-        for dst in dsts:
-            if dst == src:
-                continue
-            hop = (first_hop(dst),)
-            for nic in self.nodes[dst].data_nics():
-                if nic.address.network not in own:
-                    table.append(Route(ipaddress.IPv4Network(nic.address.ip), hop))
-        return table
-
     def check_size(self, servers: int) -> None:
         if servers > MAX_SERVERS:
             raise TopologyError(
@@ -137,8 +123,12 @@ class TopologyBuilder:
             )
 
     # -- result -----------------------------------------------------------------------------
-    def build(self, facts: dict, lazy_routes: Callable[[str], list[Route]] | None = None) -> Topology:
-        """The finished topology; `lazy_routes(node)` computes the tables of large kinds on use."""
+    def host_routing(self, servers: Mapping[str, object], first_hop: Callable[[str, str], NextHop]) -> "HostRouting":
+        """Routes of relaying servers (BCube, torus) given by `first_hop(src, dst)`: see HostRouting."""
+        return HostRouting(self.nodes, servers, first_hop)
+
+    def build(self, facts: dict, lazy_routes: "HostRouting | None" = None) -> Topology:
+        """The finished topology; `lazy_routes` gives the tables of large kinds on use."""
         for node in self.nodes.values():
             for iface in node.interfaces.values():
                 if len(iface.name) > IFNAMSIZ:
@@ -147,5 +137,56 @@ class TopologyBuilder:
                         f"{IFNAMSIZ} characters: this {self.kind} is too large to name"
                     )
         return Topology(
-            self.kind, self.params, self.nodes, self.links, self.routes, facts, lazy_routes
+            self.kind, self.params, self.nodes, self.links, self.routes, facts,
+            lazy_routes.routes if lazy_routes else None, lazy_routes.lookup if lazy_routes else None,
         )
+
+
+class HostRouting:
+    """The tables of relaying servers: on every server in `servers`, a /32 to every address of
+    every other server that is not on one of its own subnets, via `first_hop(src, dst)`.
+
+    The lab installs them whole (`routes`). The cost model only asks where an address goes
+    (`lookup`), which is answered from `first_hop` without the table: a 1,024-server torus
+    holds 10 M such routes (about 7 GB as Python objects), of which a prediction needs a
+    few per server. Both answer alike (tests/unit/test_topology_routing.py)."""
+
+    def __init__(self, nodes: Mapping[str, Node], servers: Mapping[str, object],
+                 first_hop: Callable[[str, str], NextHop]) -> None:
+        self.nodes, self.servers, self.first_hop = nodes, servers, first_hop
+        # one tuple per (node, next hop): the model keys what a hop reaches by the tuple
+        self._hops: dict[tuple[str, NextHop], tuple[NextHop, ...]] = {}
+        self._connected: dict[str, list[tuple[ipaddress.IPv4Network, tuple[NextHop, ...]]]] = {}
+
+    def routes(self, src: str) -> list[Route]:
+        if src not in self.servers:
+            return []
+        own = {i.address.network for i in self.nodes[src].data_nics()}
+        table = []
+        for dst in self.servers:
+            if dst == src:
+                continue
+            hop = (self.first_hop(src, dst),)
+            for nic in self.nodes[dst].data_nics():
+                if nic.address.network not in own:
+                    table.append(Route(ipaddress.IPv4Network(nic.address.ip), hop))
+        return table
+
+    def lookup(self, topology: Topology, node: str, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
+        """What the node's table (its connected subnets, longest first, then `routes`) gives."""
+        connected = self._connected.get(node)
+        if connected is None:
+            connected = self._connected[node] = sorted(
+                ((i.address.network, (NextHop(i.name),)) for i in self.nodes[node].interfaces.values()
+                 if i.address is not None and i.address.network.prefixlen < 32),
+                key=lambda entry: -entry[0].prefixlen)
+        for network, hops in connected:
+            if address in network:
+                return hops
+        owner = topology.owner(address)
+        if node not in self.servers or owner is None or owner.node == node or owner.node not in self.servers:
+            return ()
+        if owner.interface not in {nic.name for nic in self.nodes[owner.node].data_nics()}:
+            return ()
+        hop = self.first_hop(node, owner.node)
+        return self._hops.setdefault((node, hop), (hop,))

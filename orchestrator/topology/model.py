@@ -128,6 +128,7 @@ class Topology:
         routes: dict[str, list[Route]],
         facts: dict,
         lazy_routes: Callable[[str], list[Route]] | None = None,
+        lazy_lookup: Callable[["Topology", str, ipaddress.IPv4Address], tuple[NextHop, ...]] | None = None,
     ) -> None:
         self.kind = kind
         self.params = params
@@ -140,6 +141,7 @@ class Topology:
         self.queues: dict[tuple[str, str], int] = {}
         self._routes = routes
         self._lazy_routes = lazy_routes
+        self._lazy_lookup = lazy_lookup  # answers `lookup` without building tables (HostRouting)
         self.facts = facts
         self._owner: dict[ipaddress.IPv4Address, Endpoint] = {}
         for node in nodes.values():
@@ -219,6 +221,8 @@ class Topology:
         return self._routes.get(node, [])
 
     def lookup(self, node: str, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
+        if self._lazy_lookup is not None:
+            return self._lazy_lookup(self, node, address)
         table = self._tables.get(node)
         if table is None:
             table = self._tables[node] = _Table(self.nodes[node], self.routes_of(node))

@@ -16,7 +16,7 @@ from itertools import product
 
 from orchestrator.topology.addressing import StructuredPool
 from orchestrator.topology.builder import TopologyBuilder
-from orchestrator.topology.model import NextHop, Route, Topology
+from orchestrator.topology.model import NextHop, Topology
 
 Coords = tuple[int, ...]
 
@@ -76,19 +76,12 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
 
     by_name = {node_name(c, k): c for c in nodes}
 
-    def routes(name: str) -> list[Route]:
-        """Dimension-order routes of one node: a /32 per remote address, towards the
-        neighbour that corrects the first differing coordinate the short way round."""
-        src = by_name.get(name)
-        if src is None:
-            return []
-
-        def first_hop(dst_name: str) -> NextHop:
-            dst = by_name[dst_name]
-            dim = next(i for i in range(d) if src[i] != dst[i])
-            return hop(src, dim, direction(src[dim], dst[dim], k))
-
-        return builder.host_routes(name, by_name, first_hop)
+    def first_hop(src_name: str, dst_name: str) -> NextHop:
+        """Dimension order: towards the neighbour that corrects the first differing
+        coordinate the short way round (a /32 per remote address, HostRouting)."""
+        src, dst = by_name[src_name], by_name[dst_name]
+        dim = next(i for i in range(d) if src[i] != dst[i])
+        return hop(src, dim, direction(src[dim], dst[dim], k))
 
     rings = {
         dim: [
@@ -99,7 +92,7 @@ def build(k: int, d: int, data_pool, links_pool=None) -> Topology:
         for dim in range(d)
     }
     facts = {"k": k, "d": d, "rings": rings}  # rings: per dimension, each ring in + order
-    return builder.build(facts, lazy_routes=routes)
+    return builder.build(facts, lazy_routes=builder.host_routing(by_name, first_hop))
 
 
 def nic_addresses(topology: Topology, server: str) -> dict:

@@ -472,3 +472,29 @@ def test_routed_diameter_equals_describe_diameter(topo, kind, params):
         for path in t.paths(src, dst):
             longest = max(longest, t.hop_counts(path))
     assert longest == describe.diameter(t)
+
+
+# -- the model's lookups are the tables the lab installs -----------------------------------------
+@pytest.mark.parametrize(("kind", "params"), [
+    ("bcube", {"n": 2, "k": 1}), ("bcube", {"n": 3, "k": 1}), ("bcube", {"n": 2, "k": 2}), ("bcube", {"n": 4, "k": 0}),
+    ("torus", {"k": 2, "d": 3}), ("torus", {"k": 3, "d": 2}), ("torus", {"k": 4, "d": 2}), ("torus", {"k": 5, "d": 1}),
+])
+def test_lookup_without_tables_answers_as_the_installed_tables(topo, kind, params):
+    """BCube and torus answer the model's lookups from their first-hop rule (HostRouting), not
+    from tables: every node asked for every address of the lab (and one nobody has) gives what
+    longest-prefix match over the routes the lab installs gives, the same tuple for one hop."""
+    from orchestrator.topology.model import _Table
+
+    t = topo(kind, **params)
+    addresses = [iface.address.ip for node in t.nodes.values() for iface in node.interfaces.values()
+                 if iface.address is not None] + [ipaddress.IPv4Address("192.0.2.1")]
+    routed = 0
+    for node in t.nodes.values():
+        table = _Table(node, t.routes_of(node.name))
+        seen: dict = {}
+        for address in addresses:
+            hops = t.lookup(node.name, address)
+            assert hops == table.lookup(address), (node.name, address)
+            assert seen.setdefault(hops, hops) is hops  # one tuple per hop: the model keys on it
+            routed += bool(hops and hops[0].via)
+    assert routed > 0 or not any(node.forwards for node in t.servers)  # bcube,n,0: one switch, no relays
