@@ -49,6 +49,8 @@ however many messages they carry; only transfers that forward what is still arri
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -149,11 +151,21 @@ class Flow:
         """How far (element offset) the transfers in `after` allow it, message by message, by
         how far each is `progress` ("applied" at its receiver or "handed" over by its sender)."""
         limit = self.hi
-        for other, lo, hi in after:
-            reached = getattr(other, progress)
-            if reached < hi:
-                limit = min(limit, max(reached, lo))
-        return self.whole(limit)
+        if progress == "applied":
+            for other, lo, hi in after:
+                reached = other.applied
+                if reached < hi:
+                    reached = reached if reached > lo else lo
+                    if reached < limit:
+                        limit = reached
+        else:
+            for other, lo, hi in after:
+                reached = getattr(other, progress)
+                if reached < hi:
+                    reached = reached if reached > lo else lo
+                    if reached < limit:
+                        limit = reached
+        return limit if limit >= self.hi else self.lo + (limit - self.lo) // self.chunk * self.chunk
 
     def apply_limit(self) -> int:
         """How far its receiver may apply it: earlier receives there applied, earlier sends
@@ -276,6 +288,14 @@ class _Run:
         self.flows: list[Flow] = []
         self.connections: dict[tuple[int, object], int] = {}  # (rank, peer address) → index
         self.usage: list = []
+        # by flow index: the later flows that read its `applied` (their send_after and
+        # apply_after) and its `handed` (their written_after), to update again when those
+        # move; and 1 while it is in `pending` or not live (not started, or applied). Kept
+        # off Flow: more attributes would cost every attribute access on it (Python shares
+        # an instance dict's keys among a class's instances only up to 30 of them)
+        self.on_applied: list[list[int]] = []
+        self.on_handed: list[list[int]] = []
+        self.queued = bytearray()
         chunk = max(1, chunk_bytes // itemsize)
         ranks = schedules[0][1].ranks if schedules else 0
         if len(nodes) < ranks:
@@ -311,6 +331,11 @@ class _Run:
         self.left: dict[tuple[int, int], int] = {}  # (partition, rank) → sends of its step not written
         self.open: set[tuple[int, int]] = set()  # (partition, rank) started and not done
         self.live: dict[int, Flow] = {}  # id → started flows not yet applied, in start order
+        self.live_order: list[int] = []  # their indices, sorted
+        # indices of live flows whose inputs changed since their last update (a heap): an
+        # update is a function of the flow's bytes sent, its receiver's iteration and what
+        # the flows it waits for have applied and handed over, so the others are as they were
+        self.pending: list[int] = []
         self.now = 0.0
         self.events = 0
         self.work = 0  # flow updates so far: what the event loop's time grows with
@@ -338,6 +363,15 @@ class _Run:
                 flow.send_after = received.setdefault(t.src, Ranges()).touching(t.offset, t.end)
                 flow.apply_after = received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
                 flow.written_after = written.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
+                self.on_applied.append([])
+                self.on_handed.append([])
+                self.queued.append(1)
+                for other, _, _ in flow.send_after:
+                    self.on_applied[other.index].append(flow.index)
+                for other, _, _ in flow.apply_after:
+                    self.on_applied[other.index].append(flow.index)
+                for other, _, _ in flow.written_after:
+                    self.on_handed[other.index].append(flow.index)
                 flows.append(flow)
             for flow in flows:  # after the whole step: its transfers do not wait on each other
                 received[flow.dst].put(flow.lo, flow.hi, step_no, flow)
@@ -392,7 +426,10 @@ class _Run:
             self.left[(p, rank)] = len(steps[index])
             for flow in steps[index]:
                 self.live[id(flow)] = flow
+                bisect.insort(self.live_order, flow.index)
                 self.dirty = min(self.dirty, flow.index)
+                self.queued[flow.index] = 0
+                self._touch(flow)
         else:
             self.left[(p, rank)] = 0
             self._maybe_done(p, rank)
@@ -426,6 +463,7 @@ class _Run:
             for flow in self.live.values():  # what was held for it may be applied now
                 if flow.dst == rank:
                     self.dirty = min(self.dirty, flow.index)
+                    self._touch(flow)
             self._admit(rank)
 
     def _written(self, flow: Flow) -> None:
@@ -444,28 +482,86 @@ class _Run:
     def _applied(self, flow: Flow) -> None:
         flow.finished = self.now
         del self.live[id(flow)]
+        self.queued[flow.index] = 1  # never updated again
+        order = self.live_order
+        del order[bisect.bisect_left(order, flow.index)]
         key = (flow.partition, flow.dst)
         self.receives_left[key] -= 1
         self._maybe_done(*key)
 
     # -- the event loop -------------------------------------------------------------------
-    def _update(self, flows: list[Flow]) -> bool:
+    def _touch(self, flow: Flow) -> None:
+        """Update `flow` in the next pass: something it depends on changed."""
+        if not self.queued[flow.index]:
+            self.queued[flow.index] = 1
+            heapq.heappush(self.pending, flow.index)
+
+    def _update(self) -> bool:
         """Apply what has arrived and may be applied, hand over what may be written, and set
-        every flow's gate (`flows` in creation order: what one waits for comes first). True
-        when a transfer was written or applied: what is live may have changed."""
+        the gate of every live flow whose inputs changed (`pending`, in creation order: what
+        one waits for comes first, and a flow whose `applied` or `handed` moves puts the later
+        ones that read it there). True when a transfer was written or applied: what is live
+        may have changed."""
         changed = []
-        for flow in flows:
-            flow.held = flow.partition // self.per_iteration > self.entered[flow.dst]
-            if not flow.held:
-                flow.ready_to = flow.apply_limit()  # kept for this event's gate and wait
-                flow.applied = max(flow.applied, min(flow.arrived_to(), flow.ready_to))
-            clear = flow.limit(flow.send_after)  # the sender holds the data up to here
-            flow.handed = max(flow.handed, min(clear, flow.whole(
-                flow.lo + int((flow.sent + self.send_buffer + flow.tolerance) // flow.itemsize))))
-            flow.gate = max(flow.sent, min((clear - flow.lo) * flow.itemsize, self._room(flow)))
+        pending, flows, live = self.pending, self.flows, self.live
+        entered, per_iteration, send_buffer, buffer = self.entered, self.per_iteration, self.send_buffer, self.buffer
+        pop, push = heapq.heappop, heapq.heappush
+        queued, on_applied, on_handed = self.queued, self.on_applied, self.on_handed
+        while pending:
+            index = pop(pending)
+            flow = flows[index]
+            queued[index] = 0
+            if id(flow) not in live:
+                continue
+            lo, hi, chunk, itemsize = flow.lo, flow.hi, flow.chunk, flow.itemsize
+            applied, handed = flow.applied, flow.handed
+            flow.held = held = flow.partition // per_iteration > entered[flow.dst]
+            if not held:
+                limit = hi  # apply_limit: earlier receives applied, earlier sends written
+                for other, a, b in flow.apply_after:
+                    reached = other.applied
+                    if reached < b:
+                        reached = reached if reached > a else a
+                        if reached < limit:
+                            limit = reached
+                for other, a, b in flow.written_after:
+                    reached = other.handed
+                    if reached < b:
+                        reached = reached if reached > a else a
+                        if reached < limit:
+                            limit = reached
+                if limit < hi:
+                    limit = lo + (limit - lo) // chunk * chunk
+                flow.ready_to = limit  # kept for this event's gate and wait
+                flow.applied = max(applied, min(flow.arrived_to(), limit))
+            clear = hi  # the sender holds the data up to here
+            for other, a, b in flow.send_after:
+                reached = other.applied
+                if reached < b:
+                    reached = reached if reached > a else a
+                    if reached < clear:
+                        clear = reached
+            if clear < hi:
+                clear = lo + (clear - lo) // chunk * chunk
+            flow.handed = max(handed, min(clear, flow.whole(lo + int((flow.sent + send_buffer + flow.tolerance)
+                                                                       // itemsize))))
+            room = (flow.applied - lo) * itemsize + buffer  # _room
+            if not held:
+                room = max(room, (flow.ready_to - lo) * itemsize)
+            flow.gate = max(flow.sent, min((clear - lo) * itemsize, room))
             if flow.flowing_at is None and flow.gate > 0:
                 flow.flowing_at = self.now + flow.lead
-            if (not flow.written and flow.handed >= flow.hi) or (flow.applied >= flow.hi and flow.arrived is not None):
+            if flow.applied != applied:
+                for later in on_applied[index]:
+                    if not queued[later]:
+                        queued[later] = 1
+                        push(pending, later)
+            if flow.handed != handed:
+                for later in on_handed[index]:
+                    if not queued[later]:
+                        queued[later] = 1
+                        push(pending, later)
+            if (not flow.written and flow.handed >= hi) or (flow.applied >= hi and flow.arrived is not None):
                 changed.append(flow)
         for flow in changed:
             if not flow.written:
@@ -531,20 +627,21 @@ class _Run:
             self.events += 1
             self.dirty = 0  # every flow's inputs may have changed since the last event
             while True:  # then only those from the lowest one something happened to (they wait on earlier ones)
-                flows = sorted(self.live.values(), key=lambda f: f.index)
-                part = flows if self.dirty <= 0 else [f for f in flows if f.index >= self.dirty]
-                self.work += len(part)
+                # the work counted as though every live flow from `dirty` on were updated (the
+                # budget's meaning), though only those whose inputs changed are (`pending`)
+                order = self.live_order
+                self.work += len(order) - bisect.bisect_left(order, self.dirty)
                 if self.work > self.max_work:
                     raise ModelTooLarge(
-                        f"the model re-shared bandwidth {self.events:,} times among up to {len(flows):,} "
+                        f"the model re-shared bandwidth {self.events:,} times among up to {len(order):,} "
                         f"transfers ({self.work:,} flow updates) and is not done: more than the "
                         f"{self.max_work:,} one prediction may take; use fewer servers or a larger message size")
                 self.dirty = len(self.flows)
-                if not self._update(part):
+                if not self._update():
                     break
             if not self.live:
                 continue
-            flows = sorted(self.live.values(), key=lambda f: f.index)
+            flows = [self.flows[i] for i in self.live_order]  # in creation order
             ready = [f for f in flows if f.flowing_at is not None and f.flowing_at <= self.now
                      and f.sent < f.gate - f.tolerance]
             active = self._served(ready, flows)
@@ -587,6 +684,7 @@ class _Run:
                 else:
                     flow.sent += flow.rate * dt
             for flow in active:
+                self._touch(flow)  # its bytes sent moved
                 if flow.arrived is None and flow.sent >= flow.size - flow.tolerance:
                     self._arrived(flow)
             self._enter_due()
