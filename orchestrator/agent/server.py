@@ -231,7 +231,7 @@ class Agent:
                     )
                 contribution = workloads.checksum(engine.buffer) if worker and not timed_loop else None
                 if worker and not back_to_back:
-                    await workloads.compute(spec, started)
+                    await workloads.compute(spec, started, iteration)
                 compute_s = time.perf_counter() - started
                 sent, received = engine.sent, engine.received
                 wall, begin = time.time(), time.perf_counter()

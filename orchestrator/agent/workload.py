@@ -3,6 +3,7 @@
 Workload JSON (built by orchestrator.control.workloads):
 
     {"kind": "emulated", "tensors": [elements, …], "compute_seconds": 0.05}
+    {"kind": "emulated", "tensors": [...], "compute_seconds": [0.05, 0.07, …]}  # per iteration
     {"kind": "back-to-back", "tensors": [elements, …]}     # NCCL-tests' timed loop
     {"kind": "real", "tensors": [...], "model": "digits-mlp", "hidden": 32, "lr": 0.5,
      "batch": 64, "seed": 0, "data": {"x": [[...]], "y": [...]}}   # this worker's shard
@@ -178,10 +179,19 @@ class DigitsMLP:
         return digest.hexdigest()[:16]
 
 
-async def compute(spec: dict, started: float) -> None:
-    """Emulated compute: wait out whatever of `compute_seconds` the rank's work since its last
-    synchronisation (checking its result, filling the next gradient) did not use."""
+def compute_seconds(spec: dict, iteration: int) -> float:
+    """The compute before `iteration` (from 0): one figure, or one per iteration (stragglers:
+    drawn by the orchestrator for this worker, spec/compute.py)."""
     seconds = spec.get("compute_seconds", 0.0)
+    if isinstance(seconds, list):
+        return float(seconds[iteration % len(seconds)]) if seconds else 0.0
+    return float(seconds)
+
+
+async def compute(spec: dict, started: float, iteration: int = 0) -> None:
+    """Emulated compute: wait out whatever of the iteration's compute the rank's work since
+    its last synchronisation (checking its result, filling the next gradient) did not use."""
+    seconds = compute_seconds(spec, iteration)
     left = seconds - (time.perf_counter() - started)
     if left > 0:
         await asyncio.sleep(left)

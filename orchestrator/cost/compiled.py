@@ -47,7 +47,7 @@ class CompiledRun:
         return len(self.nodes)
 
     def predicted(self, network: Network | None, topology: Topology | None, routes: Routes | None = None,
-                  compute_s: float = 0.0, attribute: bool = False) -> "CompiledRun":
+                  compute_s: float = 0.0, attribute: bool = False, compute=None, warmup: int = 0) -> "CompiledRun":
         """This run with the cost model's prediction on `topology` (no network or topology: none),
         over `routes` (default: the even ECMP spread; the driver passes the paths the
         connections took). ValueError when the model cannot take it (path work, ranks)."""
@@ -56,7 +56,7 @@ class CompiledRun:
         routes = routes or Routes(topology)
         prediction = predict_schedules(topology, self.schedules, list(self.nodes), network, self.chunk_bytes,
                                        self.credit_bytes, routes=routes, send_buffer_bytes=self.send_buffer_bytes,
-                                       compute_s=compute_s, attribute=attribute)
+                                       compute_s=compute_s, attribute=attribute, compute=compute, warmup=warmup)
         return dataclasses.replace(self, network=network, routes=routes, prediction=prediction)
 
     def shares(self) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -101,11 +102,16 @@ def predict_schedules(
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     compute_s: float = 0.0,
     attribute: bool = False,
+    compute: Sequence[Sequence[float]] | None = None,
+    warmup: int = 0,
 ) -> Prediction:
     """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`, alone
     and `BACK_TO_BACK` of them in a row with `compute_s` before each (the latter left out beyond
     BACK_TO_BACK_WORK). `send_buffer_bytes`: the transport's. `attribute`: split the time by
-    cause (Prediction.parts), which takes the model a second time when α is not 0."""
+    cause (Prediction.parts), which takes the model a second time when α is not 0.
+    `compute`: stragglers' seconds of compute per [iteration][worker] (spec/compute.py): the
+    time per synchronisation is then the run's own, iterations `warmup` on (`_stragglers`),
+    and parts["skew"] what the skew adds to it."""
     check_path_work(topology, schedules)
     routes = routes or Routes(topology)
     buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
@@ -125,6 +131,12 @@ def predict_schedules(
     run, back_to_back = model(network)
     capacities = routes.capacities(network)
     per_run = back_to_back if back_to_back is not None else run.seconds
+    skew = None
+    if compute is not None:
+        skewed = _stragglers(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, buffers,
+                             compute, warmup)
+        if skewed is not None:
+            skew, back_to_back = skewed - per_run, skewed
     parts = None
     if attribute:
         # the busiest link direction's bytes at its rate: what no schedule gets below; α's
@@ -135,6 +147,8 @@ def predict_schedules(
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
         bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
         parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
+        if skew is not None:
+            parts["skew"] = skew
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0
     algorithm = schedules[0][1].algorithm if schedules else "none"
@@ -144,6 +158,37 @@ def predict_schedules(
         key=lambda load: (-load.bytes, load.link),
     )
     return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events, back_to_back, parts)
+
+
+# Iterations of a run with stragglers the model follows (their own draws): the mean over
+# them stands for the run's
+SKEW_ITERATIONS = 32
+
+
+def _stragglers(routes: Routes, schedules: Schedules, nodes: Sequence[str], network: Network, chunk_bytes: int,
+                credit_bytes: int, itemsize: int, buffers: dict, compute: Sequence[Sequence[float]],
+                warmup: int) -> float | None:
+    """Seconds per synchronisation of a run whose workers compute for the drawn times, as the
+    run's results measure it (experiment/results.sync_times): each iteration from the
+    slowest rank's exit of the last to its exit of this one, less the median worker's
+    compute. None when the model cannot take that many iterations (ModelTooLarge)."""
+    rows = [list(row) for row in compute[:SKEW_ITERATIONS]]
+    if not rows:
+        return None
+
+    def seconds(iteration: int, rank: int) -> float:
+        row = rows[iteration]
+        return row[rank] if rank < len(row) else 0.0  # parameter servers do not compute
+
+    try:
+        run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize,
+                       iterations=len(rows), compute_s=seconds, **buffers)
+    except ModelTooLarge:
+        return None
+    ends = [max(exits.values(), default=0.0) for exits in run.exits]
+    syncs = [end - (ends[i - 1] if i else 0.0) - statistics.median(rows[i]) for i, end in enumerate(ends)]
+    measured = syncs[min(warmup, len(syncs) - 1):]
+    return max(0.0, statistics.fmean(measured))
 
 
 # Allreduces the model runs in a row for a run's time per allreduce: the period settles by the

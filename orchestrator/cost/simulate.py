@@ -53,7 +53,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule
@@ -277,7 +277,7 @@ class _Run:
         receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES,
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
         iterations: int = 1,
-        compute_s: float = 0.0,
+        compute_s: "float | Callable[[int, int], float]" = 0.0,
     ) -> None:
         self.routes = routes
         self.network = network
@@ -305,6 +305,8 @@ class _Run:
         self.sends_left: dict[tuple[int, int], int] = {}  # (partition, rank) → sends not arrived
         self.per_iteration = len(schedules)
         self.iterations = iterations
+        # seconds of compute before each next iteration; or per (iteration, rank), stragglers'
+        # drawn times, then before the first iteration too
         self.compute = compute_s
         self.cost = [part.length * itemsize for part, _ in schedules] * iterations
         for i in range(iterations):  # iteration i's partition p is index i·P + p
@@ -450,9 +452,12 @@ class _Run:
             self.exits[iteration][rank] = self.now
             if iteration + 1 < self.iterations:
                 self.remaining[rank] = self.per_iteration
-                self.timers.append((self.now + self.compute, rank))
+                self.timers.append((self.now + self._compute(iteration + 1, rank), rank))
                 self._enter_due()
         self._admit(rank)
+
+    def _compute(self, iteration: int, rank: int) -> float:
+        return self.compute(iteration, rank) if callable(self.compute) else self.compute
 
     def _enter_due(self) -> None:
         """Ranks whose compute before their next iteration is over enter it."""
@@ -615,6 +620,11 @@ class _Run:
         return wait
 
     def run(self) -> float:
+        if callable(self.compute):  # every rank computes its own time before the first iteration
+            for rank in range(self.ranks):
+                self.entered[rank] = -1
+                self.timers.append((self._compute(0, rank), rank))
+            self._enter_due()
         for rank in range(self.ranks):
             self._admit(rank)
         allocated_for: tuple = ()
@@ -749,11 +759,12 @@ def simulate(
     receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     iterations: int = 1,
-    compute_s: float = 0.0,
+    compute_s: "float | Callable[[int, int], float]" = 0.0,
 ) -> Simulation:
     """Simulate `iterations` allreduces of [(Partition, Schedule)] (priority order) back to
     back, with rank r on server `nodes[r]` of `routes.topology`: each rank enters the next
-    once it has left the last and computed `compute_s`, as the agents do. The buffers: how far
+    once it has left the last and computed `compute_s` (or `compute_s(iteration, rank)`, from the
+    first iteration on: stragglers), as the agents do. The buffers: how far
     a transfer may run ahead of its receiver applying it, and how much of it its sender may
     hand over before it leaves (both 0: a transfer flows only as fast as it is applied, and a
     rank's next step waits for its sends to arrive). ModelTooLarge beyond `max_work` flow

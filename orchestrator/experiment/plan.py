@@ -149,7 +149,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
                                      cores=latency.cores if latency else None)
         prediction = _compiled(spec, point, ranks, tensors, parts).predicted(
-            network, topology_of(point.lab), compute_s=getattr(point.workload, "compute", 0.0), attribute=True).prediction
+            network, topology_of(point.lab), attribute=True, **_compute(spec, point, ranks, source)).prediction
     except RankMismatch as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"it needs {exc.ranks} agents (workers and parameter servers), the lab gives {exc.given}: "
@@ -184,7 +184,17 @@ def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[
     parts = partitions(planned.tensors, planned.point.partitioning.partition_bytes)
     compiled = _compiled(spec, planned.point, planned.layout, planned.tensors, parts)
     return compiled.predicted(planned.prediction.network, topology,
-                              compute_s=getattr(planned.point.workload, "compute", 0.0)).prediction
+                              **_compute(spec, planned.point, planned.layout, "experiment")).prediction
+
+
+def _compute(spec: ExperimentSpec, point: RunPoint, ranks: Layout, source: str) -> dict:
+    """The workload's compute as the prediction takes it: its mean, and with stragglers the
+    times drawn for every worker and iteration (as the run will hand them out)."""
+    try:
+        drawn = workloads.drawn_compute(point.workload, len(ranks.workers), spec.iterations)
+    except ValueError as exc:
+        raise SpecError(f"{source}: agents.workload.compute: {exc} (run {point.id})") from None
+    return {"compute_s": workloads.compute_seconds(point.workload), "compute": drawn, "warmup": spec.warmup}
 
 
 def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None) -> Plan:

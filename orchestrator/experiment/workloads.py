@@ -41,10 +41,10 @@ WORKLOADS: dict[str, WorkloadKind] = {
         lambda spec, tensors, workers: runner_workloads.back_to_back(tensors), checked=None),
     "model": WorkloadKind(
         _model_tensors,
-        lambda spec, tensors, workers: runner_workloads.emulated(tensors, spec.compute)),
+        lambda spec, tensors, workers: runner_workloads.emulated(tensors, spec.compute.seconds)),
     "tensors": WorkloadKind(
         lambda spec: list(spec.tensors),
-        lambda spec, tensors, workers: runner_workloads.emulated(tensors, spec.compute)),
+        lambda spec, tensors, workers: runner_workloads.emulated(tensors, spec.compute.seconds)),
     "digits": WorkloadKind(
         _digits_tensors,
         lambda spec, tensors, workers: [runner_workloads.digits(workers, rank, spec.hidden, spec.lr, spec.batch,
@@ -61,5 +61,26 @@ def tensors(spec) -> list[int]:
     return WORKLOADS[spec.kind].tensors(spec)
 
 
-def build(spec, tensors: list[int], workers: int) -> dict | list[dict]:
-    return WORKLOADS[spec.kind].build(spec, tensors, workers)
+def build(spec, tensors: list[int], workers: int, iterations: int | None = None) -> dict | list[dict]:
+    """What the driver hands the workers; with stragglers (a compute that varies, and the
+    run's `iterations`), one workload per worker carrying its drawn compute per iteration."""
+    built = WORKLOADS[spec.kind].build(spec, tensors, workers)
+    table = drawn_compute(spec, workers, iterations) if iterations else None
+    if table is None:
+        return built
+    per_worker = built if isinstance(built, list) else [built] * workers
+    return [{**w, "compute_seconds": [row[rank] for row in table]} for rank, w in enumerate(per_worker)]
+
+
+def drawn_compute(spec, workers: int, iterations: int) -> list[list[float]] | None:
+    """The workload's compute per [iteration][worker] when it varies (stragglers), else None."""
+    compute = getattr(spec, "compute", None)
+    if compute is None or not compute.varies:
+        return None
+    return compute.draw(workers, iterations)
+
+
+def compute_seconds(spec) -> float:
+    """The workload's mean compute per iteration (0 for kinds without)."""
+    compute = getattr(spec, "compute", None)
+    return compute.seconds if compute is not None else 0.0

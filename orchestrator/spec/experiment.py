@@ -35,6 +35,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
                       model_validator)
 
 from orchestrator import units
+from orchestrator.spec.compute import ComputeSpec
 from orchestrator.spec.lab import Bytes, LabSpec, Name, Rate, TopologySpec
 from orchestrator.spec.timeline import Timeline
 
@@ -65,8 +66,8 @@ class ModelWorkload(_Strict):
     model: Literal["resnet50", "vgg19", "alexnet", "bert-base", "gpt2-small"]
     scale: Optional[float] = Field(None, gt=0, le=1000, description="element counts × scale, e.g. 0.1")
     size: Optional[Size] = Field(None, description="gradient bytes, e.g. 25MB (instead of scale)")
-    compute: Annotated[float, BeforeValidator(units.parse_duration)] = Field(
-        0.0, description="emulated compute per iteration, e.g. 50ms")
+    compute: ComputeSpec = Field(default_factory=ComputeSpec, description="emulated compute per iteration, e.g. "
+                                 "50ms, or stragglers: {distribution: lognormal, mean: 50ms, sd: 20ms}")
 
     @model_validator(mode="after")
     def _scale_or_size(self) -> "ModelWorkload":
@@ -80,7 +81,7 @@ class TensorsWorkload(_Strict):
 
     kind: Literal["tensors"]
     tensors: list[Annotated[int, Field(strict=True, ge=1, le=1 << 30)]] = Field(min_length=1, max_length=10_000)
-    compute: Annotated[float, BeforeValidator(units.parse_duration)] = 0.0
+    compute: ComputeSpec = Field(default_factory=ComputeSpec, description="as the model kind's")
 
 
 class DigitsWorkload(_Strict):
