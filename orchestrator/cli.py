@@ -550,7 +550,7 @@ def mininet_cli(name: str = typer.Argument(..., help="lab name")) -> None:
 
 # -- faults -----------------------------------------------------------------------------------
 FAULT_ACTIONS = ("link-down, link-up, link-flap, link-degrade, switch-down, server-crash, server-restart, "
-                 "server-pause, partition")
+                 "server-pause, server-slow, partition")
 
 
 @app.command("fault")
@@ -568,6 +568,7 @@ def fault(
     period: Optional[str] = typer.Option(None, help="link-flap: one down+up cycle, e.g. 1s (default 1s)"),
     count: Optional[str] = typer.Option(None, help="link-flap: cycles (default 3, or as many as --for holds)"),
     direction: Optional[str] = typer.Option(None, help="partition: both (default), in or out (as the set sees it)"),
+    cpus: Optional[str] = typer.Option(None, help="server-slow: the share of one core it may use, e.g. 0.25"),
     as_json: bool = typer.Option(False, "--json", help="list: print the fault events as JSON"),
 ) -> None:
     """Inject a fault into a live lab, list its faults, or heal them (see README, Faults).
@@ -577,7 +578,7 @@ def fault(
     with _live_lab(name) as lab:
         _fault(lab, name, action, target, duration, as_json,
                {"rate": rate, "delay": delay, "jitter": jitter, "loss": loss, "period": period, "count": count,
-                "direction": direction})
+                "direction": direction, "cpus": cpus})
 
 
 def _fault(lab, name: str, action: str, target: Optional[str], duration: Optional[str], as_json: bool,

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from collections import defaultdict
 
-from orchestrator.emulation import docker_engine, isolation, kernel
+from orchestrator.emulation import cpu_limit, docker_engine, isolation, kernel
 from orchestrator.emulation.features import PROBE_PREFIX
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import LabState, check_name, global_lock, lab_id, lab_lock
@@ -98,6 +98,8 @@ def _clean(name: str) -> dict[str, int]:
     removed: dict[str, int] = defaultdict(int)
 
     _thaw_paused(name, by_kind["fault"])  # a stopped process or paused container dies cleanly once thawed
+    if groups := cpu_limit.remove_lab_groups(lab_id(name)):  # server-slow's CPU quotas
+        removed["cpu groups"] += groups
     for entry in by_kind["process"]:
         removed["processes"] += kill_recorded(entry.extra.get("pid"), entry.extra.get("start"))
     for entry in by_kind["rxe"]:

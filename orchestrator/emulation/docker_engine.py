@@ -246,6 +246,17 @@ def exec_detached(name: str, command: list[str], environment: dict[str, str] | N
         raise EmulationError(f"exec in {name}: {getattr(exc, 'explanation', exc)}") from None
 
 
+def container_cpus(name: str, cpus: float | None, period_us: int = 100_000) -> None:
+    """Limit a container to `cpus` of one core (CFS quota, `docker update --cpus`); None lifts it."""
+    quota = -1 if cpus is None else max(1000, round(cpus * period_us))
+    try:
+        client().api.update_container(name, cpu_period=period_us, cpu_quota=quota)
+    except NotFound:
+        raise EmulationError(f"container {name} is gone") from None
+    except APIError as exc:
+        raise EmulationError(f"limit the CPU of container {name}: {getattr(exc, 'explanation', exc)}") from None
+
+
 def container_action(name: str, action: str) -> int:
     """stop (pause: the cgroup freezer), cont (unpause) or kill (SIGKILL) a container;
     1 if done, 0 if the container is gone or already in that state."""

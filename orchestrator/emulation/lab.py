@@ -370,6 +370,12 @@ class Lab:
         Returns how many were signalled."""
         return self.runtime_of(server).signal(self, server, processes, action)
 
+    def throttle_server(self, server: str, processes: list[dict], cpus: float | None, key: str) -> None:
+        """Limit what runs on a server (`processes`, as server_processes listed them) to `cpus`
+        of one core, None lifting the limit `key` set: a cgroup CPU quota on its recorded
+        processes, or `docker update --cpus`."""
+        self.runtime_of(server).throttle(self, server, processes, cpus, key)
+
     def revive_server(self, server: str) -> bool:
         """Start a crashed server again, on its own network: a container's runtime moves the
         server's interfaces into the container's new namespace, and they get their addresses,

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
-from orchestrator.emulation import cleanup, docker_engine, images, kernel
+from orchestrator.emulation import cleanup, cpu_limit, docker_engine, images, kernel
 from orchestrator.emulation.journal import Entry
 from orchestrator.emulation.plan import OPTIONAL_SYSCTLS, LabPlan
 from orchestrator.errors import EmulationError, PluginError
@@ -67,6 +67,10 @@ class ServerRuntime(Protocol):
     def signal(self, lab: Lab, server: str, processes: list[dict], action: str) -> int:
         """stop | cont | kill what runs on the server; how many were signalled."""
 
+    def throttle(self, lab: Lab, server: str, processes: list[dict], cpus: float | None, key: str) -> None:
+        """Limit what runs on the server (`processes`, as server_processes listed them) to
+        `cpus` of one core; None lifts the limit `key` set."""
+
     def revive(self, lab: Lab, server: str) -> bool:
         """Start a crashed server again, its interfaces moved into its new namespace (the lab
         configures them then); False when there was nothing to start."""
@@ -110,7 +114,8 @@ class NetnsRuntime:
                 found.append({"pid": pid, "start": cleanup.process_start_time(pid)})
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue  # ended meanwhile
-        return found
+        groups = cpu_limit.current_groups([p["pid"] for p in found])  # where server-slow's undo puts them back
+        return [{**p, "group": groups[str(p["pid"])]} if str(p["pid"]) in groups else p for p in found]
 
     def signal(self, lab: Lab, server: str, processes: list[dict], action: str) -> int:
         """Only the recorded processes that are still the same processes (not a pid's reuse)."""
@@ -124,6 +129,15 @@ class NetnsRuntime:
                 except ProcessLookupError:
                     pass
         return sent
+
+    def throttle(self, lab: Lab, server: str, processes: list[dict], cpus: float | None, key: str) -> None:
+        """The recorded processes still alive in a cpu cgroup of their own (cpu_limit); lifted,
+        each goes back to the group it was listed in."""
+        if cpus is None:
+            cpu_limit.release(lab.plan.id, key, {str(p["pid"]): p["group"] for p in processes if p.get("group")})
+        else:
+            alive = [p["pid"] for p in processes if cleanup.same_process(p["pid"], p["start"])]
+            cpu_limit.throttle(lab.plan.id, key, alive, cpus)
 
     def revive(self, lab: Lab, server: str) -> bool:
         return False  # the namespace outlives its processes: nothing to start
@@ -192,6 +206,10 @@ class DockerRuntime:
     def signal(self, lab: Lab, server: str, processes: list[dict], action: str) -> int:
         """docker pause / unpause / kill of the server's container."""
         return docker_engine.container_action(lab.plan.container_name(server), action)
+
+    def throttle(self, lab: Lab, server: str, processes: list[dict], cpus: float | None, key: str) -> None:
+        """`docker update --cpus` of the server's container (its own cgroup)."""
+        docker_engine.container_cpus(lab.plan.container_name(server), cpus)
 
     def revive(self, lab: Lab, server: str) -> bool:
         """A container that starts gets a fresh namespace from Docker: the server's

@@ -43,6 +43,7 @@ class Action:
     holds_links: bool = False
     lasting: bool = True  # False: done when apply returns (a flap, an explicit link-up)
     save: Callable[["object", Target], dict] | None = None  # state undo needs, read before acting
+    required: tuple[str, ...] = ()  # parameters it cannot do without
     heals: tuple[str, ...] = ()  # a one-shot that undoes active faults of these actions on its target
     # (wait seconds, step) to run after apply, each under the fault lock but not held in
     # between, so that heal, undo and other faults act meanwhile; `--for` sets how long
@@ -114,6 +115,21 @@ def _pause(lab, fault: Fault, held: Held) -> None:
 
 def _resume(lab, fault: Fault, held: Held) -> None:
     lab.signal_server(fault.target.nodes[0], fault.saved.get("processes", []), "cont")
+
+
+def _slow(lab, fault: Fault, held: Held) -> None:
+    lab.throttle_server(fault.target.nodes[0], fault.saved.get("processes", []), fault.params["cpus"], fault.id)
+
+
+def _unslow(lab, fault: Fault, held: Held) -> None:
+    lab.throttle_server(fault.target.nodes[0], fault.saved.get("processes", []), None, fault.id)
+
+
+def _cpus(value: str) -> float:
+    cpus = float(value)
+    if not 0.01 <= cpus <= 1024:
+        raise ValueError(f"cpus is a share of one core from 0.01 (1 %) up, e.g. 0.25, not {value}")
+    return cpus
 
 
 def _crash(lab, fault: Fault, held: Held) -> None:
@@ -199,6 +215,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in [
            "back; deploy its agents again after", _revive, _nothing, lasting=False, heals=("server-crash",)),
     Action("server-pause", "server", "freeze what runs on a server (SIGSTOP / docker pause)", _pause, _resume,
            save=_processes),
+    Action("server-slow", "server", "throttle what runs on a server to --cpus of one core (a cgroup CPU quota / "
+           "docker update --cpus): a straggler", _slow, _unslow, params={"cpus": _cpus}, required=("cpus",), save=_processes),
     Action("partition", "servers", "cut a set of servers off from the rest (--direction both|in|out), by nftables "
            "inside their namespaces", _partition, _unpartition, params={"direction": _direction}),
 ]}
@@ -225,6 +243,9 @@ def parse_params(act: Action, given: dict[str, str | None]) -> dict:
             params[name] = act.params[name](text)
         except ValueError as exc:
             raise FaultError(f"{act.name} --{name}: {exc}") from None
+    missing = [name for name in act.required if name not in params]
+    if missing:
+        raise FaultError(f"{act.name} needs --{missing[0]} ({act.help})")
     if act.name == "link-degrade":
         if not params:
             raise FaultError("link-degrade needs --rate (and/or --delay, --jitter, --loss), e.g. --rate 10Mbit")

@@ -117,11 +117,12 @@ def shape_part(name: str, link: int, *shape) -> None:
 
 
 def server_part(name: str, what: str, server: str, *args):
-    """A server's processes listed, signalled, or the server revived, on its host."""
+    """A server's processes listed, signalled or throttled, or the server revived, on its host."""
     from orchestrator.emulation.lab import Lab
 
     lab = Lab.attach(name)
-    return {"processes": lab.server_processes, "signal": lab.signal_server, "revive": lab.revive_server}[what](
+    return {"processes": lab.server_processes, "signal": lab.signal_server, "revive": lab.revive_server,
+            "throttle": lab.throttle_server}[what](
         server, *args)
 
 

@@ -225,6 +225,10 @@ class SplitLab:
         return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "signal", server,
                                   processes, action)
 
+    def throttle_server(self, server: str, processes: list[dict], cpus: float | None, key: str) -> None:
+        self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "throttle", server,
+                           processes, cpus, key)
+
     def revive_server(self, server: str) -> bool:
         return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "revive", server)
 

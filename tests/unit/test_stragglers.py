@@ -140,3 +140,17 @@ def test_per_rank_of_the_wrong_length_is_one_line_naming_the_field():
 
     with pytest.raises(SpecError, match=r"skew.yaml: agents.workload.compute: per_rank lists 3 times for 2 workers"):
         plan_of({"per_rank": ["1ms", "2ms", "3ms"]})
+
+
+def test_server_slow_needs_a_share_of_a_core():
+    from orchestrator.errors import FaultError
+    from orchestrator.faults.actions import action, parse_params
+
+    slow = action("server-slow")
+    assert parse_params(slow, {"cpus": "0.25"}) == {"cpus": 0.25}
+    with pytest.raises(FaultError, match=r"server-slow needs --cpus"):
+        parse_params(slow, {})
+    with pytest.raises(FaultError, match=r"server-slow --cpus: cpus is a share of one core from 0.01"):
+        parse_params(slow, {"cpus": "0"})
+    with pytest.raises(FaultError, match=r"server-slow does not take --rate"):
+        parse_params(slow, {"cpus": "0.5", "rate": "1Mbit"})
