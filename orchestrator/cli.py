@@ -1165,6 +1165,12 @@ def _print_plan(plan, needs=None) -> None:
     _print_whole(table)
     for line in _latency_lines(plan):
         out.print(Text(line), highlight=False, soft_wrap=True)
+    if getattr(spec.agents.workload, "compute", None) is not None and spec.agents.workload.compute.varies:
+        # stragglers: say how much of each prediction their skew is, or that the model could not follow them
+        skews = [f"{p.prediction.parts['skew'] * 1e3:.3g} ms ({p.point.id})" if "skew" in (p.prediction.parts or {})
+                 else f"not followed, too large for the model ({p.point.id})" for p in plan.points]
+        out.print(Text("stragglers: the workload's compute varies; of the predicted times above, the skew adds "
+                       + ", ".join(skews)), highlight=False, soft_wrap=True)
     if plan.auto_rate is not None:
         from orchestrator.units import format_rate
 

@@ -154,3 +154,24 @@ def test_server_slow_needs_a_share_of_a_core():
         parse_params(slow, {"cpus": "0"})
     with pytest.raises(FaultError, match=r"server-slow does not take --rate"):
         parse_params(slow, {"cpus": "0.5", "rate": "1Mbit"})
+
+
+def test_the_dry_run_says_what_the_skew_adds(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "skew.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "skew", "lab": {"name": "skew", "topology": {"kind": "star", "servers": 4},
+                                "links": {"bandwidth": "100Mbit"}, "servers": {"runtime": "netns"}},
+        "agents": {"algorithms": ["ring"], "workload": {"kind": "tensors", "tensors": [250_000], "compute": {
+            "per_rank": ["10ms", "10ms", "10ms", "60ms"]}}}, "iterations": 4}))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--dry-run"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("stragglers:"))
+    added = float(line.split("the skew adds ")[1].split(" ms")[0])
+    assert 45 <= added <= 55, line  # the slow worker's 60 ms over the median's 10 ms
