@@ -115,7 +115,7 @@ class Flow:
     arrived: float | None = None  # when its last byte crossed
     finished: float | None = None  # when its last chunk was applied
     held: bool = False  # its receiver has not entered its iteration yet
-    ready_to: int = 0  # this event's apply_limit (set with `applied`)
+    ready_to: int = 0  # how far its receiver may apply it this event (set with `applied`)
 
     size: float = 0.0  # bytes
     tolerance: float = 0.0  # bytes of float error below which it counts as there
@@ -147,30 +147,17 @@ class Flow:
         chunks = math.ceil((offset - self.lo) / self.chunk)
         return min(self.size, chunks * self.chunk * self.itemsize)
 
-    def limit(self, after: list, progress: str = "applied") -> int:
+    def limit(self, after: list) -> int:
         """How far (element offset) the transfers in `after` allow it, message by message, by
-        how far each is `progress` ("applied" at its receiver or "handed" over by its sender)."""
+        how far each is applied at its receiver (`_Run._update` has this loop written out)."""
         limit = self.hi
-        if progress == "applied":
-            for other, lo, hi in after:
-                reached = other.applied
-                if reached < hi:
-                    reached = reached if reached > lo else lo
-                    if reached < limit:
-                        limit = reached
-        else:
-            for other, lo, hi in after:
-                reached = getattr(other, progress)
-                if reached < hi:
-                    reached = reached if reached > lo else lo
-                    if reached < limit:
-                        limit = reached
-        return limit if limit >= self.hi else self.lo + (limit - self.lo) // self.chunk * self.chunk
-
-    def apply_limit(self) -> int:
-        """How far its receiver may apply it: earlier receives there applied, earlier sends
-        from there written."""
-        return min(self.limit(self.apply_after), self.limit(self.written_after, "handed"))
+        for other, lo, hi in after:
+            reached = other.applied
+            if reached < hi:
+                reached = reached if reached > lo else lo
+                if reached < limit:
+                    limit = reached
+        return self.whole(limit)
 
 
 def _stretch(network: Network, step, itemsize: int) -> float:
@@ -522,7 +509,7 @@ class _Run:
             applied, handed = flow.applied, flow.handed
             flow.held = held = flow.partition // per_iteration > entered[flow.dst]
             if not held:
-                limit = hi  # apply_limit: earlier receives applied, earlier sends written
+                limit = hi  # how far its receiver may apply it: earlier receives applied, earlier sends written
                 for other, a, b in flow.apply_after:
                     reached = other.applied
                     if reached < b:
@@ -539,7 +526,7 @@ class _Run:
                     limit = lo + (limit - lo) // chunk * chunk
                 flow.ready_to = limit  # kept for this event's gate and wait
                 flow.applied = max(applied, min(flow.arrived_to(), limit))
-            clear = hi  # the sender holds the data up to here
+            clear = hi  # the sender holds the data up to here (Flow.limit, written out: the hot loop)
             for other, a, b in flow.send_after:
                 reached = other.applied
                 if reached < b:

@@ -18,6 +18,7 @@ from orchestrator.topology.model import (
     Node,
     Route,
     Topology,
+    _Table,
 )
 
 
@@ -156,7 +157,7 @@ class HostRouting:
         self.nodes, self.servers, self.first_hop = nodes, servers, first_hop
         # one tuple per (node, next hop): the model keys what a hop reaches by the tuple
         self._hops: dict[tuple[str, NextHop], tuple[NextHop, ...]] = {}
-        self._connected: dict[str, list[tuple[ipaddress.IPv4Network, tuple[NextHop, ...]]]] = {}
+        self._connected: dict[str, _Table] = {}  # a node's table of its connected subnets alone
 
     def routes(self, src: str) -> list[Route]:
         if src not in self.servers:
@@ -173,20 +174,17 @@ class HostRouting:
         return table
 
     def lookup(self, topology: Topology, node: str, address: ipaddress.IPv4Address) -> tuple[NextHop, ...]:
-        """What the node's table (its connected subnets, longest first, then `routes`) gives."""
+        """What the node's table (its connected subnets, which win, then `routes`) gives: an
+        address of another server (any address is a data NIC's) off those subnets goes by
+        `first_hop`."""
         connected = self._connected.get(node)
         if connected is None:
-            connected = self._connected[node] = sorted(
-                ((i.address.network, (NextHop(i.name),)) for i in self.nodes[node].interfaces.values()
-                 if i.address is not None and i.address.network.prefixlen < 32),
-                key=lambda entry: -entry[0].prefixlen)
-        for network, hops in connected:
-            if address in network:
-                return hops
+            connected = self._connected[node] = _Table(self.nodes[node], [])
+        hops = connected.lookup(address)
+        if hops:
+            return hops
         owner = topology.owner(address)
         if node not in self.servers or owner is None or owner.node == node or owner.node not in self.servers:
-            return ()
-        if owner.interface not in {nic.name for nic in self.nodes[owner.node].data_nics()}:
             return ()
         hop = self.first_hop(node, owner.node)
         return self._hops.setdefault((node, hop), (hop,))
