@@ -48,6 +48,7 @@ class PlannedPoint:
     tensors: list[int]
     prediction: Prediction
     faults: list  # faults.timeline.PlannedFault, in the order they fall
+    compute: list[list[float]] | None = None  # stragglers' drawn compute, [iteration][worker]
 
     @property
     def size_bytes(self) -> int:
@@ -148,8 +149,12 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     try:
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
                                      cores=latency.cores if latency else None)
+        try:
+            drawn = workloads.drawn_compute(point.workload, len(ranks.workers), spec.iterations)
+        except ValueError as exc:
+            raise SpecError(f"{source}: agents.workload.compute: {exc} (run {point.id})") from None
         prediction = _compiled(spec, point, ranks, tensors, parts).predicted(
-            network, topology_of(point.lab), attribute=True, **_compute(spec, point, ranks, source)).prediction
+            network, topology_of(point.lab), attribute=True, **_compute(spec, point, drawn)).prediction
     except RankMismatch as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"it needs {exc.ranks} agents (workers and parameter servers), the lab gives {exc.given}: "
@@ -166,7 +171,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                              iterations=spec.iterations)
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
-    return PlannedPoint(point, ranks, tensors, prediction, faults)
+    return PlannedPoint(point, ranks, tensors, prediction, faults, drawn)
 
 
 def _compiled(spec: ExperimentSpec, point: RunPoint, ranks: Layout, tensors: list[int], parts) -> CompiledRun:
@@ -184,16 +189,12 @@ def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[
     parts = partitions(planned.tensors, planned.point.partitioning.partition_bytes)
     compiled = _compiled(spec, planned.point, planned.layout, planned.tensors, parts)
     return compiled.predicted(planned.prediction.network, topology,
-                              **_compute(spec, planned.point, planned.layout, "experiment")).prediction
+                              **_compute(spec, planned.point, planned.compute)).prediction
 
 
-def _compute(spec: ExperimentSpec, point: RunPoint, ranks: Layout, source: str) -> dict:
+def _compute(spec: ExperimentSpec, point: RunPoint, drawn: list[list[float]] | None) -> dict:
     """The workload's compute as the prediction takes it: its mean, and with stragglers the
-    times drawn for every worker and iteration (as the run will hand them out)."""
-    try:
-        drawn = workloads.drawn_compute(point.workload, len(ranks.workers), spec.iterations)
-    except ValueError as exc:
-        raise SpecError(f"{source}: agents.workload.compute: {exc} (run {point.id})") from None
+    times `drawn` for every worker and iteration (as the run hands them out)."""
     return {"compute_s": workloads.compute_seconds(point.workload), "compute": drawn, "warmup": spec.warmup}
 
 

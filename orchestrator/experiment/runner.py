@@ -66,7 +66,7 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         "workers": list(planned.layout.workers), "servers": list(planned.layout.servers),
         "iterations": spec.iterations, "warmup": spec.warmup,
         # stragglers: the compute each worker was handed, [iteration][worker] (None: no skew)
-        "compute_drawn": workloads.drawn_compute(planned.point.workload, len(planned.layout.workers), spec.iterations),
+        "compute_drawn": planned.compute,
         # what the run's time per synchronisation is held against: one allreduce of a run of them
         "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
                       "algbw_bytes_per_s": prediction.algbw,
@@ -277,7 +277,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     try:
         with timeline, watcher:
             result = driver.run(eps, point.algorithm.name, planned.tensors,
-                                workloads.build(point.workload, planned.tensors, workers, spec.iterations),
+                                workloads.build(point.workload, planned.tensors, workers, planned.compute),
                                 iterations=spec.iterations, ctx=context(point, planned.layout),
                                 partition_bytes=point.partitioning.partition_bytes,
                                 credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,

@@ -61,15 +61,14 @@ def tensors(spec) -> list[int]:
     return WORKLOADS[spec.kind].tensors(spec)
 
 
-def build(spec, tensors: list[int], workers: int, iterations: int | None = None) -> dict | list[dict]:
-    """What the driver hands the workers; with stragglers (a compute that varies, and the
-    run's `iterations`), one workload per worker carrying its drawn compute per iteration."""
+def build(spec, tensors: list[int], workers: int, drawn: list[list[float]] | None = None) -> dict | list[dict]:
+    """What the driver hands the workers; with stragglers (`drawn`: `drawn_compute`'s table),
+    one workload per worker carrying its compute per iteration."""
     built = WORKLOADS[spec.kind].build(spec, tensors, workers)
-    table = drawn_compute(spec, workers, iterations) if iterations else None
-    if table is None:
+    if drawn is None:
         return built
     per_worker = built if isinstance(built, list) else [built] * workers
-    return [{**w, "compute_seconds": [row[rank] for row in table]} for rank, w in enumerate(per_worker)]
+    return [{**w, "compute_seconds": [row[rank] for row in drawn]} for rank, w in enumerate(per_worker)]
 
 
 def drawn_compute(spec, workers: int, iterations: int) -> list[list[float]] | None:

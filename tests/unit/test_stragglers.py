@@ -22,8 +22,8 @@ def tensors(compute) -> TensorsWorkload:
 def test_a_duration_is_every_ranks_compute_as_before():
     spec = tensors("50ms")
     assert spec.compute.seconds == 0.05 and not spec.compute.varies
-    assert workloads.build(spec, [1000], 4, iterations=3) == {"kind": "emulated", "tensors": [1000],
-                                                              "compute_seconds": 0.05}
+    drawn = workloads.drawn_compute(spec, 4, 3)
+    assert workloads.build(spec, [1000], 4, drawn) == {"kind": "emulated", "tensors": [1000], "compute_seconds": 0.05}
     assert workloads.drawn_compute(spec, 4, 3) is None
     assert tensors({"per_rank": ["20ms"] * 3}).compute.varies is False  # all alike: no skew
 
@@ -76,11 +76,11 @@ def test_bad_compute_is_one_clear_error(compute, message):
 
 def test_the_workers_get_their_own_draws_and_the_agent_waits_each_iterations():
     spec = tensors({"per_rank": ["10ms", "20ms", "30ms"]})
-    built = workloads.build(spec, [1000], 3, iterations=4)
+    built = workloads.build(spec, [1000], 3, workloads.drawn_compute(spec, 3, 4))
     assert [w["compute_seconds"] for w in built] == [[0.01] * 4, [0.02] * 4, [0.03] * 4]
     lognormal = tensors({"distribution": "lognormal", "mean": "50ms", "sd": "20ms"})
     drawn = workloads.drawn_compute(lognormal, 3, 4)
-    built = workloads.build(lognormal, [1000], 3, iterations=4)
+    built = workloads.build(lognormal, [1000], 3, drawn)
     assert [[w["compute_seconds"][i] for w in built] for i in range(4)] == drawn
     assert [agent_workload.compute_seconds(built[1], i) for i in range(4)] == [row[1] for row in drawn]
     assert agent_workload.compute_seconds({"compute_seconds": 0.25}, 9) == 0.25
@@ -113,6 +113,7 @@ def plan_of(compute, servers: int = 2, iterations: int = 6, warmup: int = 1):
 
 
 def test_one_slow_worker_costs_its_extra_compute_over_the_median():
+    assert plan_of({"per_rank": ["0ms", "100ms"]}).points[0].compute == [[0.0, 0.1]] * 6  # drawn once, kept
     even = plan_of("50ms").points[0].prediction
     assert "skew" not in even.parts  # no stragglers: the prediction as it always was
     # 2 workers, 0 and 100 ms: each iteration waits for the slow one's 100 ms, and results
