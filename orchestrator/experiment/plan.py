@@ -19,6 +19,7 @@ from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import check_gradient_bytes, partitions
 from orchestrator.cost import Network, Prediction
 from orchestrator.cost.compiled import CompiledRun, compile_run
+from orchestrator import frameworks
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.experiment import workloads
 from orchestrator.faults.timeline import plan as plan_faults
@@ -136,6 +137,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     the point if its algorithm cannot run there, or if it would not fit `memory` bytes (the
     host's available memory, when known). `latency`: a calibrate.Latency (default: as
     measured on the lab, `latency_of`; else α is 0)."""
+    _framework_fits(point, source)
     latency = latency if latency is not None else latency_of(spec, point.lab)
     ranks = layout(point, source)
     tensors = workloads.tensors(point.workload)
@@ -172,6 +174,22 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
     return PlannedPoint(point, ranks, tensors, prediction, faults, drawn)
+
+
+def _framework_fits(point: RunPoint, source: str) -> None:
+    """A point a framework runs: its lab's runtime is one the framework runs on, and this
+    machine has what it needs (torch installed); SpecError naming the point otherwise."""
+    if point.algorithm.framework is None:
+        return
+    framework = frameworks.get(point.algorithm.framework)
+    runtime = point.lab.servers.runtime
+    if runtime not in framework.runtimes:
+        raise SpecError(f"{source}: run {point.id}: framework {framework.name} runs on "
+                        f"{' or '.join(framework.runtimes)} labs, not {runtime}: set lab.servers.runtime: "
+                        f"{framework.runtimes[0]}")
+    reason = framework.missing()
+    if reason:
+        raise SpecError(f"{source}: run {point.id}: framework {framework.name}: {reason}")
 
 
 def _compiled(spec: ExperimentSpec, point: RunPoint, ranks: Layout, tensors: list[int], parts) -> CompiledRun:

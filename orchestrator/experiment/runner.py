@@ -24,7 +24,7 @@ import grpc
 
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
-from orchestrator import units
+from orchestrator import frameworks, units
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
 from orchestrator.experiment import calibrate, snapshot, verdict, workloads
@@ -258,13 +258,12 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     from orchestrator.faults.timeline import TimelineRunner
 
     spec, point = plan.spec, planned.point
+    if point.algorithm.framework is not None:
+        return _run_framework_point(plan, planned, lab, entry, progress)
     eps = ranked(endpoints, planned)
     workers = len(planned.layout.workers)
     faults = planned.faults
     entry["status"] = "running"
-    fabric = _collector(lab)
-    before = _fabric(fabric)
-    window = (time.time(), time.monotonic())
     timeline = TimelineRunner(lab, faults)
 
     def on_iteration(iteration: int) -> None:
@@ -274,34 +273,28 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     watcher = _IterationWatcher(eps, spec.iterations, on_iteration)
     rejoiner = Rejoiner(lab, _via(lab, spec.agents.via)) if faults else None
     result = None
-    try:
-        with timeline, watcher:
-            result = driver.run(eps, point.algorithm.name, planned.tensors,
-                                workloads.build(point.workload, planned.tensors, workers, planned.compute),
-                                iterations=spec.iterations, ctx=context(point, planned.layout),
-                                partition_bytes=point.partitioning.partition_bytes,
-                                credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
-                                network=planned.prediction.network, link_state=lab.link_up,
-                                flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
-                                rejoin=rejoiner, transport=spec.agents.transport)
-    except driver.RunError as exc:
-        entry["status"], entry["error"] = "failed", str(exc)
-    except BaseException as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        entry["status"], entry["error"] = "interrupted", "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
-        if interrupted:
-            _collect_partial(eps, planned, entry, spec.warmup, workers)
-        raise
-    finally:
-        if rejoiner is not None:
-            rejoiner.close()
-        after = _fabric(fabric)
-        fabric.close()
-        seconds = time.monotonic() - window[1]
-        entry["window"] = {"start": window[0], "end": window[0] + seconds}  # Unix times: Prometheus's range
-        entry["fault_events"] = [dataclasses.asdict(r) for r in timeline.events()]
-        entry["bytes_per_link"] = {"measured": _delta(before["bytes"], after["bytes"]), "seconds": seconds,
-                                   "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
+    with _measured(lab, entry, lambda: [dataclasses.asdict(r) for r in timeline.events()]) as counters:
+        try:
+            with timeline, watcher:
+                result = driver.run(eps, point.algorithm.name, planned.tensors,
+                                    workloads.build(point.workload, planned.tensors, workers, planned.compute),
+                                    iterations=spec.iterations, ctx=context(point, planned.layout),
+                                    partition_bytes=point.partitioning.partition_bytes,
+                                    credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
+                                    network=planned.prediction.network, link_state=lab.link_up,
+                                    flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
+                                    rejoin=rejoiner, transport=spec.agents.transport)
+        except driver.RunError as exc:
+            entry["status"], entry["error"] = "failed", str(exc)
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            entry["status"], entry["error"] = "interrupted", "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
+            if interrupted:
+                _collect_partial(eps, planned, entry, spec.warmup, workers)
+            raise
+        finally:
+            if rejoiner is not None:
+                rejoiner.close()
     if result is not None:
         progress("run", point.id, spec.iterations, spec.iterations)
         records = result.records()
@@ -312,8 +305,74 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
         entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup)
-    entry["fidelity"] = _judge(entry, before, after, float(lab.spec.links.bandwidth) / 8)
+    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)
+
+
+@contextmanager
+def _measured(lab, entry: dict, events: Callable[[], list[dict]] = list) -> Iterator[dict]:
+    """The fabric's counters and the host's CPU before and after the block (`before` and
+    `after` in the dict it yields), and the point's window, fault events and bytes per link
+    in `entry`, however the run inside ends."""
+    fabric = _collector(lab)
+    counters = {"before": _fabric(fabric)}
+    window = (time.time(), time.monotonic())
+    try:
+        yield counters
+    finally:
+        counters["after"] = after = _fabric(fabric)
+        fabric.close()
+        seconds = time.monotonic() - window[1]
+        entry["window"] = {"start": window[0], "end": window[0] + seconds}  # Unix times: Prometheus's range
+        entry["fault_events"] = events()
+        entry["bytes_per_link"] = {"measured": _delta(counters["before"]["bytes"], after["bytes"]), "seconds": seconds,
+                                   "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
+
+
+def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, progress: Progress) -> bool:
+    """Run one point by the framework its algorithm names (PyTorch's gloo: frameworks/
+    torch_gloo.py) on the point's workers, in place of the agents; measured and judged as
+    the agents' points are."""
+    spec, point = plan.spec, planned.point
+    framework = frameworks.get(point.algorithm.framework)
+    workers = list(planned.layout.workers)
+    entry.update(status="running", framework=framework.name)
+    job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, spec.iterations, spec.timeout,
+                         lambda iteration: progress("run", point.id, iteration, spec.iterations))
+    outcome = None
+    with _measured(lab, entry) as counters:
+        progress("run", point.id, 0, spec.iterations)
+        try:
+            outcome = framework.run(job)
+        except driver.RunError as exc:
+            entry["status"], entry["error"] = "failed", str(exc)
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            entry["status"], entry["error"] = "interrupted", "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
+            raise
+    if outcome is not None:
+        records = sorted(outcome.records, key=lambda r: (r["iteration"], r["rank"]))
+        gst = [max(r["gst_s"] for r in records if r["iteration"] == i) for i in range(spec.iterations)]
+        entry.update(results_lib.measured_point(entry, records, gst, spec.warmup, len(workers)))
+        entry.update(status="done", run_id=f"{framework.name}-{int(entry['window']['start'])}",
+                     wall_s=entry["bytes_per_link"]["seconds"])
+        if point.workload.kind == "back-to-back" and spec.iterations > 1:
+            entry["back_to_back_s"] = _back_to_back(records, max(1, spec.warmup))
+        entry["checker"] = outcome.checker
+        entry["under_faults"] = []
+    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8)
+    return False
+
+
+def _back_to_back(records: list[dict], warmup: int) -> float:
+    """NCCL-tests' time per operation, the mean over ranks: from entering the first operation
+    after the warm-up to leaving the last, over their number (RunResult.back_to_back_times)."""
+    times = []
+    for rank in sorted({r["rank"] for r in records}):
+        timed = [r for r in records if r["rank"] == rank][warmup:]
+        if timed:
+            times.append((timed[-1]["start_time"] + timed[-1]["gst_s"] - timed[0]["start_time"]) / len(timed))
+    return sum(times) / len(times)
 
 
 def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events: list[dict], warmup: int) -> list[dict]:

@@ -109,6 +109,8 @@ class AlgorithmSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="e.g. {shards: 4, colocated: true}")
     ps: list[str] = Field(default_factory=list, max_length=4096,
                           description="servers that run parameter servers, not workers (ps only)")
+    framework: Optional[str] = Field(None, description="run by a framework instead of the agents, e.g. torch: "
+                                     "PyTorch's gloo on the same servers, priced as the algorithm `name`")
 
     @field_validator("name")
     @classmethod
@@ -129,9 +131,30 @@ class AlgorithmSpec(_Strict):
         name = info.data.get("name")
         return options if name is None else check_options(name, options)
 
+    @model_validator(mode="after")
+    def _framework_runs_it(self) -> "AlgorithmSpec":
+        """A framework runs its own collective: `name` must be the algorithm it executes
+        (what prices it), with no options or parameter servers of ours."""
+        if self.framework is None:
+            return self
+        from orchestrator import frameworks  # a table of names; no I/O
+
+        try:
+            framework = frameworks.get(self.framework)
+        except ValueError as exc:
+            raise ValueError(f"framework: {exc}") from None
+        if self.name not in framework.runs:
+            raise ValueError(f"framework {framework.name} runs {' or '.join(framework.runs)}, not {self.name}: "
+                             f"write {{name: {framework.runs[0]}, framework: {framework.name}}}")
+        if self.options or self.ps:
+            raise ValueError(f"framework {framework.name} takes no options or ps of the project's algorithms: "
+                             "leave them out")
+        return self
+
     @property
     def key(self) -> str:
-        return self.label or self.name
+        """How results name it: the label, else the name (`torch-ring` when a framework runs it)."""
+        return self.label or (f"{self.framework}-{self.name}" if self.framework else self.name)
 
 
 def _algorithm(value: Any) -> Any:
@@ -262,11 +285,30 @@ class ExperimentSpec(_Strict):
         if self.sweep.sizes and kind not in SIZED_KINDS:
             raise ValueError(f"sweep.sizes: the {kind} workload has a fixed size; sizes apply to "
                              f"{' and '.join(SIZED_KINDS)}")
+        self._frameworks_fit()
         points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
                   * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings)) * len(self.agents.algorithms))
         if points > MAX_POINTS:
             raise ValueError(f"the sweep expands to {points} runs, more than {MAX_POINTS}: split the experiment")
         return self
+
+    def _frameworks_fit(self) -> None:
+        """What a framework's points cannot take, refused before anything is planned."""
+        from orchestrator import frameworks  # a table of names; no I/O
+
+        for index, algorithm in enumerate(self.agents.algorithms):
+            if algorithm.framework is None:
+                continue
+            framework = frameworks.get(algorithm.framework)
+            where = f"agents.algorithms.{index}: framework {framework.name}"
+            kind = self.agents.workload.kind
+            if kind not in framework.workloads:
+                raise ValueError(f"{where} runs the {', '.join(framework.workloads)} workloads, not {kind}")
+            if self.faults.events:
+                raise ValueError(f"{where} runs without the agents' fault timeline: put its runs in an experiment "
+                                 "without faults")
+            if self.partitioning.partition_bytes or self.sweep.partitionings:
+                raise ValueError(f"{where} reduces the whole gradient at once: leave partitioning out")
 
 
 def load_experiment(path: str | Path) -> ExperimentSpec:

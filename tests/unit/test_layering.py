@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 SYSTEM = {"emulation", "deploy", "control", "agent", "faults", "monitoring", "experiment", "cli", "doctor", "plugins",
-          "files"}
+          "files", "frameworks"}
 
 # (the importing package, the packages it must not import, why)
 RULES = [
@@ -25,6 +25,8 @@ RULES = [
      "emulation makes a topology live and knows nothing above it"),
     ("faults", {"experiment", "cli", "deploy"}, "faults call the Lab API"),
     ("monitoring", {"experiment", "cli"}, "nothing imports experiment or cli"),
+    ("frameworks", {"experiment", "cli", "deploy", "faults", "monitoring", "emulation", "cost"},
+     "a framework runs processes on a live lab it is handed, and knows no experiment"),
 ]
 
 
