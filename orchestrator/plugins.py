@@ -35,6 +35,7 @@ from pathlib import Path
 from orchestrator import files
 from orchestrator.collectives import table
 from orchestrator.errors import PluginError
+from orchestrator.frameworks import table as frameworks
 from orchestrator.topology import kinds
 
 ENTRY_POINTS = "testbed.algorithms"
@@ -147,26 +148,31 @@ def _registering(shown: str, load, file: str | None = None) -> list[str]:
     """Run `load` recording `shown` as the origin of the algorithms it registers (and `file`
     as that of its topology kinds, so a live lab can load it again); the new algorithms'
     names, or, when it fails, nothing left registered and a PluginError."""
-    before, kinds_before = set(table.ALGORITHMS), set(kinds.KINDS)
+    before, kinds_before, frameworks_before = set(table.ALGORITHMS), set(kinds.KINDS), set(frameworks.FRAMEWORKS)
     try:
-        with table.origin(shown), kinds.origin(file or shown):
+        with table.origin(shown), kinds.origin(file or shown), frameworks.origin(shown):
             load()
     except BaseException:
-        _forget(before, kinds_before)
+        _forget(before, kinds_before, frameworks_before)
         raise
     names = [name for name in table.ALGORITHMS if name not in before]
-    if not names and set(kinds.KINDS) == kinds_before and not shown.startswith("entry point"):
-        raise PluginError(f"plugin {shown} registers nothing: call orchestrator.collectives.register(name, build) "
-                          "or orchestrator.spec.register_topology(spec, build) in it")
+    if not names and set(kinds.KINDS) == kinds_before and set(frameworks.FRAMEWORKS) == frameworks_before \
+            and not shown.startswith("entry point"):
+        raise PluginError(f"plugin {shown} registers nothing: call orchestrator.collectives.register(name, build), "
+                          "orchestrator.spec.register_topology(spec, build) or "
+                          "orchestrator.frameworks.register_framework(name, run, runs=...) in it")
     return names
 
 
-def _forget(algorithms: set, topology_kinds: set) -> None:
-    """Take out what was registered since: algorithms, and topology kinds with their models."""
+def _forget(algorithms: set, topology_kinds: set, framework_names: set | None = None) -> None:
+    """Take out what was registered since: algorithms, topology kinds with their models, and
+    frameworks (when `framework_names` says which were there before)."""
     from orchestrator.spec.kinds import unregister_topology
 
     for name in set(table.ALGORITHMS) - algorithms:
         del table.ALGORITHMS[name]
+    for name in set(frameworks.FRAMEWORKS) - (framework_names if framework_names is not None else set(frameworks.FRAMEWORKS)):
+        frameworks.unregister_framework(name)
     for name in set(kinds.KINDS) - topology_kinds:
         unregister_topology(name)
 
@@ -182,7 +188,7 @@ def _execute(code: types.CodeType, module: types.ModuleType, shown: str) -> None
         # register's own refusals (a taken name, a part that is not callable) read as they are
         if isinstance(exc, MemoryError):
             what = "ran out of memory while loading (more than this process may have)"
-        elif isinstance(exc, ValueError) and str(exc).startswith("algorithm"):
+        elif isinstance(exc, ValueError) and str(exc).startswith(("algorithm", "framework")):
             what = str(exc)
         else:
             what = f"{type(exc).__name__}: {exc}"

@@ -20,10 +20,12 @@ from orchestrator.errors import EmulationError, HostError
 
 BASE = "testbed/base:bookworm"
 SERVER = "testbed/server:latest"
+SERVER_TORCH = "testbed/server-torch:latest"  # SERVER with PyTorch: built only when a lab asks for it
 RECIPE_LABEL = "testbed.recipe"
 CACHE = Path("/var/cache/testbed")
 PROJECT = Path(__file__).resolve().parents[2]
 SERVER_CONTEXT = PROJECT / "images" / "server"
+TORCH_CONTEXT = PROJECT / "images" / "server-torch"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 Progress = Callable[[str], None]
@@ -102,17 +104,43 @@ def build_server(progress: Progress) -> bool:
     return True
 
 
-def _context_files() -> list[Path]:
-    """The files of images/server/ (Dockerfile, requirements, the boot script; not README)."""
-    return sorted(p for p in SERVER_CONTEXT.iterdir() if p.is_file() and p.suffix != ".md")
+def torch_recipe() -> str:
+    return _hash(server_recipe().encode(), *(p.read_bytes() for p in _context_files(TORCH_CONTEXT)))
+
+
+def build_torch(progress: Progress) -> bool:
+    """Build testbed/server-torch:latest (on top of a current testbed/server) if it is
+    missing or stale; True if it built. The torch wheels (~200 MB) are downloaded once."""
+    build_all(progress)
+    recipe = torch_recipe()
+    if docker_engine.image_label(SERVER_TORCH, RECIPE_LABEL) == recipe:
+        return False
+    with tempfile.TemporaryDirectory(prefix="testbed-image-") as tmp:
+        context = Path(tmp)
+        for path in _context_files(TORCH_CONTEXT):
+            shutil.copy2(path, context)
+        shutil.copytree(_wheels(TORCH_CONTEXT / "requirements.txt", "PyTorch's wheels (about 200 MB)", progress),
+                        context / "wheels")
+        progress(f"docker build → {SERVER_TORCH}")
+        docker_engine.build_image(context, SERVER_TORCH, {RECIPE_LABEL: recipe}, progress)
+    return True
+
+
+def _context_files(context: Path = SERVER_CONTEXT) -> list[Path]:
+    """The files of an image's directory (Dockerfile, requirements, the boot script; not README)."""
+    return sorted(p for p in context.iterdir() if p.is_file() and p.suffix != ".md")
 
 
 def _agent_wheels(progress: Progress) -> Path:
     """The agent's dependency wheels, downloaded once on the host (cached by requirements)."""
-    requirements = SERVER_CONTEXT / "requirements.txt"
+    return _wheels(SERVER_CONTEXT / "requirements.txt", "the agent's dependency wheels", progress)
+
+
+def _wheels(requirements: Path, what: str, progress: Progress) -> Path:
+    """The wheels of a requirements file, downloaded once on the host (cached by its hash)."""
     cache = CACHE / f"wheels-{_hash(requirements.read_bytes())}"
     if not cache.is_dir():
-        progress("downloading the agent's dependency wheels")
+        progress(f"downloading {what}")
         partial = cache.with_suffix(".partial")
         shutil.rmtree(partial, ignore_errors=True)
         _run(
@@ -136,6 +164,9 @@ def build_all(progress: Progress) -> list[str]:
 
 def ensure(reference: str, progress: Progress) -> None:
     """Make sure a lab's image exists: build ours, refuse others that are absent."""
+    if reference == SERVER_TORCH:
+        build_torch(progress)
+        return
     if reference in (BASE, SERVER):
         if reference == SERVER:
             build_all(progress)

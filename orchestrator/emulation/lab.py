@@ -198,6 +198,11 @@ class Lab:
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return subprocess.Popen(self.command_prefix(node) + argv, **kwargs)
 
+    def start_module(self, node: str, module: str, env: dict[str, str], **popen) -> subprocess.Popen:
+        """`python -m module` on a server with its own Python: the host's in a namespace, the
+        image's in a container (a framework's workers, frameworks/). Closing its stdin stops it."""
+        return self.runtime_of(node).start_module(self, node, module, env, **popen)
+
     @property
     def net(self):
         """A Mininet network whose nodes are attached to this live lab (for CLI and scripts)."""

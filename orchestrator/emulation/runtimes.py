@@ -61,6 +61,11 @@ class ServerRuntime(Protocol):
     def command_prefix(self, lab: Lab, node: str) -> list[str]:
         """argv prefix that runs a host program in the node's network and hostname."""
 
+    def start_module(self, lab: Lab, node: str, module: str, env: dict[str, str], **popen) -> subprocess.Popen:
+        """`python -m module` on the node with the server's own Python and files (the host's
+        for a namespace, the image's in a container), its stdio ours (`popen`: Popen's
+        stdin, stdout, stderr, text...). Closing its stdin is how to stop it everywhere."""
+
     def server_processes(self, lab: Lab, server: str) -> list[dict]:
         """{pid, start} of what runs on the server, for `signal` later ([]: the runtime's own)."""
 
@@ -106,6 +111,10 @@ class NetnsRuntime:
 
     def command_prefix(self, lab: Lab, node: str) -> list[str]:
         return kernel.in_netns(lab.namespace(node))
+
+    def start_module(self, lab: Lab, node: str, module: str, env: dict[str, str], **popen) -> subprocess.Popen:
+        return subprocess.Popen(self.command_prefix(lab, node) + [sys.executable, "-m", module],
+                                env=os.environ | env, start_new_session=True, **popen)
 
     def server_processes(self, lab: Lab, server: str) -> list[dict]:
         found = []
@@ -199,6 +208,13 @@ class DockerRuntime:
         if pid is None:
             raise EmulationError(f"container of {node} is not running")
         return ["nsenter", "-t", str(pid), "-n", "-u", "--"]
+
+    def start_module(self, lab: Lab, node: str, module: str, env: dict[str, str], **popen) -> subprocess.Popen:
+        """`docker exec -i` in the container, with the image's python3 (its venv comes first on
+        PATH); the exec'd process sees its stdin close when this client's does."""
+        settings = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+        return subprocess.Popen(["docker", "exec", "-i", *settings, lab.plan.container_name(node), "python3", "-m", module],
+                                start_new_session=True, **popen)
 
     def server_processes(self, lab: Lab, server: str) -> list[dict]:
         return []  # Docker's: `signal` acts on the whole container

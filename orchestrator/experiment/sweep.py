@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator import units
+from orchestrator import frameworks, units
 from orchestrator.spec.experiment import AlgorithmSpec, ExperimentSpec, PartitioningSpec
 from orchestrator.spec.lab import LabSpec
 
@@ -61,14 +61,28 @@ def variants(spec: ExperimentSpec) -> list[LabVariant]:
     """Every topology × link rate of the sweep, named apart when there is more than one."""
     topologies = spec.sweep.topologies or [spec.lab.topology]
     rates = spec.sweep.link_rates or [spec.lab.links.bandwidth]
+    servers = _servers_for_frameworks(spec)
     combos = [(t, r) for t in topologies for r in rates]
     out = []
     for index, (topology, rate) in enumerate(combos):
         name = spec.lab.name if len(combos) == 1 else f"{spec.lab.name[:24 - _SUFFIX_ROOM]}-v{index}"
         lab = spec.lab.model_copy(update={
-            "name": name, "topology": topology, "links": spec.lab.links.model_copy(update={"bandwidth": rate})})
+            "name": name, "topology": topology, "links": spec.lab.links.model_copy(update={"bandwidth": rate}),
+            "servers": servers})
         out.append(LabVariant(index, LabSpec.model_validate(lab.model_dump())))  # validated again, whole
     return out
+
+
+def _servers_for_frameworks(spec: ExperimentSpec):
+    """The lab's servers, in the image a framework of the experiment needs on Docker (ours
+    with torch: built on demand) when the lab runs the default image; a lab that names its
+    own image keeps it (it must hold the framework)."""
+    servers = spec.lab.servers
+    needed = sorted({frameworks.get(a.framework).image for a in spec.agents.algorithms
+                     if a.framework is not None} - {None})
+    if servers.runtime != "docker" or not needed or servers.image != type(servers).model_fields["image"].default:
+        return servers
+    return servers.model_copy(update={"image": needed[0]})  # one today; two frameworks' images would need a merge
 
 
 def expand(spec: ExperimentSpec) -> list[RunPoint]:

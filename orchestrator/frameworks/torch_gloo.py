@@ -15,7 +15,6 @@ import queue
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -24,6 +23,8 @@ from orchestrator.frameworks.table import FrameworkResult, Job, register_framewo
 
 PORTS = (29400, 29900)  # the rendezvous's TCP port, on rank 0's fabric address
 KILL_GRACE_S = 5.0
+WORKER = "orchestrator.frameworks.torch_worker"
+IMAGE = "testbed/server-torch:latest"  # testbed/server with torch: built on demand (emulation/images.py)
 
 
 def missing() -> str | None:
@@ -58,15 +59,17 @@ def _nics(lab, node: str) -> str:
 
 def run(job: Job) -> FrameworkResult:
     """Run the point; RunError naming the rank and node when one fails or overstays."""
+    if not hasattr(job.lab, "start_module"):
+        raise RunError(f"framework torch: lab {getattr(job.lab, 'name', '?')} cannot start processes on its servers "
+                       "from here (a lab split over hosts): run these points on one host")
     procs = []
     try:
         for rank, (node, spec) in enumerate(zip(job.nodes, _jobs(job))):
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": _nics(job.lab, node), "OMP_NUM_THREADS": "1"}
-            proc = job.lab.popen(node, [sys.executable, "-m", "orchestrator.frameworks.torch_worker"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env, start_new_session=True)
-            proc.stdin.write(json.dumps(spec))
-            proc.stdin.close()
+            env = {"GLOO_SOCKET_IFNAME": _nics(job.lab, node), "OMP_NUM_THREADS": "1"}
+            proc = job.lab.start_module(node, WORKER, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+            proc.stdin.write(json.dumps(spec) + "\n")  # stdin stays open: its end tells the worker to stop
+            proc.stdin.flush()
             procs.append(proc)
         rows = _collect(job, procs)
     finally:
@@ -120,18 +123,24 @@ def _collect(job: Job, procs: list[subprocess.Popen]) -> list[list[dict]]:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """Nothing outlives the run: every worker still alive is killed with its session."""
+    """Nothing outlives the run: each worker's stdin is closed (it stops on that, in a
+    container too: `docker exec -i` passes the end on), and any still alive after a grace
+    is killed with its session."""
     for proc in procs:
-        if proc.poll() is None:
+        try:
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    for proc in procs:
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
+            proc.wait()
 
 
 def _check(job: Job, rows: list[list[dict]]) -> dict:
@@ -152,4 +161,5 @@ def _check(job: Job, rows: list[list[dict]]) -> dict:
     return {"clean": not wrong, "summary": summary, "iterations": iterations, "lost": 0, "duplicated": 0}
 
 
-register_framework("torch", run, runs=("ring",), missing=missing, runtimes=("netns",), origin="built-in")
+register_framework("torch", run, runs=("ring",), missing=missing, runtimes=("netns", "docker"), image=IMAGE,
+                   origin="built-in")

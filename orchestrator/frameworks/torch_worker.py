@@ -2,7 +2,8 @@
 orchestrator.frameworks.torch_worker`, its job as JSON on stdin; torch_gloo.py starts one per
 server, in the server's network, with GLOO_SOCKET_IFNAME naming its fabric NICs).
 
-Two modes, as the experiment's workload asks:
+Its job is the first line on stdin; the end of stdin stops it. Two modes, as the experiment's
+workload asks:
 - `all_reduce`: per iteration, the emulated compute (slept), then one `all_reduce` of the
   whole gradient as one flat float32 buffer (what DDP does with one bucket; NCCL-tests'
   loop when there is no compute). Every rank contributes rank + 1 in every element, and the
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -85,9 +88,17 @@ def _ddp(job: dict, dist, torch) -> None:
         left = time.perf_counter()
 
 
+def _stop_when_stdin_ends() -> None:
+    """The launcher closes our stdin to stop us (or dies, which closes it): then we end, in a
+    container too, where the launcher's kill cannot reach."""
+    sys.stdin.read()
+    os._exit(3)
+
+
 def main() -> None:
-    job = json.loads(sys.stdin.read())
-    signal.alarm(int(job["timeout"]) + 30)  # an orphan (its orchestrator killed) ends on its own
+    job = json.loads(sys.stdin.readline())
+    threading.Thread(target=_stop_when_stdin_ends, daemon=True).start()
+    signal.alarm(int(job["timeout"]) + 30)  # and a worker whose stdin never ends, after the run's timeout
     import torch
     import torch.distributed as dist
 

@@ -5,6 +5,7 @@ rank that fails is named at once with nothing left running."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -29,10 +30,11 @@ class LoopbackLab:
                                         nodes={f"h{i}": SimpleNamespace(data_nics=lambda: [nic]) for i in range(8)})
         self.broken, self.started = broken, []
 
-    def popen(self, node, argv, **kwargs):
+    def start_module(self, node, module, env, **popen):
+        argv = [sys.executable, "-m", module]
         if node in self.broken:
-            argv = [sys.executable, "-c", "import sys; sys.stderr.write('rank gave up\\n'); sys.exit(3)"]
-        proc = subprocess.Popen(argv, **kwargs)
+            argv = [sys.executable, "-c", "import sys; sys.stderr.write('rank gave up\\n'); sys.exit(5)"]
+        proc = subprocess.Popen(argv, env=os.environ | env, start_new_session=True, **popen)
         self.started.append(proc)
         return proc
 
@@ -75,4 +77,5 @@ def test_a_rank_that_fails_is_named_at_once_and_nothing_is_left_running():
     with pytest.raises(RunError, match=r"torch rank 2 on h2: rank gave up \(0 of 4 iterations\)"):
         torch_gloo.run(_job(lab, ["h0", "h1", "h2"], SimpleNamespace(kind="back-to-back")))
     assert time.monotonic() - began < 30  # not the rendezvous's 60 s: the others are stopped
-    assert all(p.poll() is not None for p in lab.started)
+    # ... by the end of their stdin (exit 3), which reaches a worker inside a container too
+    assert [p.returncode for p in lab.started] == [3, 3, 5]

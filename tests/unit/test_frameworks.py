@@ -55,10 +55,24 @@ def test_what_a_framework_cannot_take_is_one_line_naming_the_field(algorithm, ex
     assert says in message and "\n" not in message and message.startswith("fw.yaml: ")
 
 
+def test_a_docker_lab_runs_the_image_that_holds_the_framework_unless_it_names_its_own():
+    plan = make_plan(_spec(["ring", {"name": "ring", "framework": "torch"}], runtime="docker"), "fw.yaml")
+    assert plan.variants[0].lab.servers.image == "testbed/server-torch:latest"
+    assert make_plan(_spec(["ring"], runtime="docker"), "fw.yaml").variants[0].lab.servers.image == \
+        "testbed/server:latest"
+    own = _experiment([{"name": "ring", "framework": "torch"}], runtime="docker")
+    own["lab"]["servers"]["image"] = "me/torch:1"
+    assert make_plan(validate(ExperimentSpec, own, "fw.yaml"), "fw.yaml").variants[0].lab.servers.image == "me/torch:1"
+
+
 def test_a_plan_refuses_a_runtime_the_framework_does_not_run_on():
-    with pytest.raises(SpecError, match=r"run 000-.*torch-ring: framework torch runs on netns labs, not docker: "
-                                        r"set lab.servers.runtime: netns"):
-        make_plan(_spec([{"name": "ring", "framework": "torch"}], runtime="docker"), "fw.yaml")
+    frameworks.register_framework("nsonly", lambda job: frameworks.FrameworkResult([]), runs=("ring",))
+    try:
+        with pytest.raises(SpecError, match=r"run 000-.*nsonly-ring: framework nsonly runs on netns labs, not docker: "
+                                            r"set lab.servers.runtime: netns"):
+            make_plan(_spec([{"name": "ring", "framework": "nsonly"}], runtime="docker"), "fw.yaml")
+    finally:
+        frameworks.unregister_framework("nsonly")
 
 
 def test_a_users_framework_registers_in_the_same_table_and_what_it_lacks_is_said_at_planning():
@@ -132,3 +146,25 @@ def test_each_worker_is_handed_its_own_drawn_compute_and_ddp_its_own_shard():
     assert {j["mode"] for j in shards} == {"ddp"}
     sizes = [len(j["digits"]["data"]["y"]) for j in shards]
     assert sum(sizes) == 1797 and max(sizes) - min(sizes) <= 1  # every sample, once, in the agents' shards
+
+
+def test_a_plugin_file_may_register_a_framework_and_a_taken_name_is_one_line(tmp_path):
+    from orchestrator import plugins
+    from orchestrator.errors import PluginError
+
+    mine = tmp_path / "mine.py"
+    mine.write_text("from orchestrator.frameworks import FrameworkResult, register_framework\n"
+                    "register_framework('fromfile', lambda job: FrameworkResult([]), runs=('ring',))\n")
+    try:
+        plugins.load_file(mine)
+        assert frameworks.get("fromfile").origin == str(mine)
+    finally:
+        frameworks.unregister_framework("fromfile")
+    taken = tmp_path / "taken.py"
+    taken.write_text("from orchestrator.frameworks import register_framework\n"
+                     "register_framework('torch', print, runs=('ring',))\n")
+    with pytest.raises(PluginError) as caught:
+        plugins.load_file(taken)
+    assert str(caught.value) == f"plugin {taken}:2: framework torch is registered already (built-in): give yours " \
+                                "another name"
+    assert frameworks.get("torch").origin == "built-in"
