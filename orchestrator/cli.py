@@ -1197,6 +1197,16 @@ def _print_results(results: dict) -> None:
     for row in table_rows(results):  # Text: a file's names are not rich markup
         table.add_row(*(Text(row[i]) for i in columns))
     _print_whole(table)
+    from orchestrator.experiment import jobs
+
+    shared = jobs.table_rows(results)
+    if shared:
+        table = Table(title=Text("jobs on one fabric: measured / predicted"))
+        for name in jobs.HEADER:
+            table.add_column(name, overflow="fold")
+        for row in shared:
+            table.add_row(*(Text(cell) for cell in row))
+        _print_whole(table)
 
 
 def _print_whole(table: Table) -> None:

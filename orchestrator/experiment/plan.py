@@ -21,7 +21,8 @@ from orchestrator.cost import Network, Prediction
 from orchestrator.cost.compiled import CompiledRun, compile_run
 from orchestrator import frameworks
 from orchestrator.errors import FaultError, SpecError
-from orchestrator.experiment import workloads
+from orchestrator.cost.simulate import ModelTooLarge
+from orchestrator.experiment import jobs, workloads
 from orchestrator.faults.timeline import plan as plan_faults
 from orchestrator.experiment.sweep import LabVariant, RunPoint, expand, variants
 from orchestrator.spec.experiment import ExperimentSpec
@@ -76,9 +77,15 @@ def topology_of(lab: LabSpec) -> Topology:
     return _topology(lab)
 
 
-def layout(point: RunPoint, source: str) -> Layout:
+def layout(point: RunPoint, source: str, spec: ExperimentSpec | None = None) -> Layout:
+    """The point's ranks; a job's (`spec` given) over its own servers only."""
     topology = topology_of(point.lab)
     servers = [s.name for s in topology.servers]
+    if point.job is not None and spec is not None:
+        try:
+            return Layout(jobs.place(spec.jobs, servers, point.placement)[point.job], ())
+        except ValueError as exc:
+            raise SpecError(f"{source}: {exc} (run {point.id})") from None
     for name in point.algorithm.ps:
         if name not in servers:
             raise SpecError(f"{source}: agents.algorithms: {point.algorithm.key}: ps: {name} is no server of "
@@ -139,7 +146,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     measured on the lab, `latency_of`; else α is 0)."""
     _framework_fits(point, source)
     latency = latency if latency is not None else latency_of(spec, point.lab)
-    ranks = layout(point, source)
+    ranks = layout(point, source, spec)
     tensors = workloads.tensors(point.workload)
     check_memory(spec, point, tensors, ranks, source, memory)
     partitioning = point.partitioning
@@ -163,7 +170,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                         "name separate parameter servers with ps: [...]") from None
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
-            else f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"
+            else _algorithm_field(spec, point)
         raise SpecError(f"{source}: {field}: run {point.id}: {exc}") from None
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
@@ -174,6 +181,36 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
     return PlannedPoint(point, ranks, tensors, prediction, faults, drawn)
+
+
+def _algorithm_field(spec: ExperimentSpec, point: RunPoint) -> str:
+    """Where the file names the point's algorithm."""
+    if point.job is not None:
+        return f"jobs.{[job.name for job in spec.jobs].index(point.job)}.algorithm"
+    return f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"
+
+
+def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memory: int | None = None,
+                latency=None) -> list[PlannedPoint]:
+    """Every point planned and predicted (`predict_point`); jobs that run together, predicted
+    with each other's flows (experiment/jobs.py)."""
+    planned = [predict_point(spec, point, source, memory, latency) for point in points]
+    groups: dict[tuple, list[int]] = {}
+    for index, p in enumerate(planned):
+        if p.point.mode == "together":
+            groups.setdefault((p.point.variant.index, p.point.placement), []).append(index)
+    for indices in groups.values():
+        group = [planned[i] for i in indices]
+        compiled = [_compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None)) for p in group]
+        try:
+            predicted = jobs.predict_together(group, compiled, topology_of(group[0].point.lab),
+                                              [workloads.compute_seconds(p.point.workload) for p in group])
+        except (ValueError, ModelTooLarge) as exc:
+            raise SpecError(f"{source}: jobs: run {group[0].point.id}: the model cannot take them together: {exc}") \
+                from None
+        for i, p in zip(indices, predicted):
+            planned[i] = p
+    return planned
 
 
 def _framework_fits(point: RunPoint, source: str) -> None:
@@ -223,7 +260,7 @@ def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | No
     if spec.auto_bandwidth:
         spec = _auto_bandwidth(spec, source, memory)
         auto_rate = spec.lab.links.bandwidth
-    return Plan(spec, variants(spec), [predict_point(spec, point, source, memory) for point in expand(spec)], auto_rate)
+    return Plan(spec, variants(spec), plan_points(spec, expand(spec), source, memory), auto_rate)
 
 
 AUTO_RANGE = (1e6, 100e9)  # bit/s: the rates `auto` chooses among

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
-from orchestrator.experiment import plots, snapshot
+from orchestrator.experiment import jobs, plots, snapshot
 from orchestrator.experiment import results as results_lib
 from orchestrator.spec.loader import display_path
 
@@ -191,6 +191,13 @@ def write_summary(results: dict, path: Path) -> Path:
               "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     lines += _attribution_lines(results)
+    shared = jobs.table_rows(results)
+    if shared:
+        lines += ["", "## Jobs on one fabric", "", "Each job's time per synchronisation alone and with the other jobs "
+                  "at once, measured / predicted (the model simulates every job's flows together), and the "
+                  "interference factor, together / alone:", "", "| " + " | ".join(jobs.HEADER) + " |",
+                  "|" + "---|" * len(jobs.HEADER)]
+        lines += ["| " + " | ".join(row) + " |" for row in shared]
     degraded = [p for p in results["points"] if (p.get("fidelity") or {}).get("reasons")]
     if degraded:
         lines += ["", "## Fidelity", "", "A point is \"degraded\" when its figure may not be the emulated network's "

@@ -27,8 +27,8 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator import frameworks, units
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
-from orchestrator.experiment import calibrate, snapshot, verdict, workloads
-from orchestrator.experiment.plan import (Plan, PlannedPoint, context, latency_of, predict_point, predict_with_rates,
+from orchestrator.experiment import calibrate, jobs, snapshot, verdict, workloads
+from orchestrator.experiment.plan import (Plan, PlannedPoint, context, latency_of, plan_points, predict_with_rates,
                                          topology_of)
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
@@ -188,12 +188,16 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
         endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
         points = _with_latency(plan, variant, points, lab, endpoints, entries, progress)
-        for planned in points:
-            entry = entries[planned.point.id]
-            faulted = _run_point(plan, planned, lab, endpoints, entry, progress)
+        for group in _groups(points):
+            group_entries = [entries[p.point.id] for p in group]
+            if len(group) == 1:
+                faulted = _run_point(plan, group[0], lab, endpoints, group_entries[0], progress)
+            else:
+                faulted = _run_together(plan, group, lab, endpoints, group_entries, progress)
+                results["jobs"] = jobs.interference(results["points"])
             results_lib.write(directory, results)
-            progress("point", planned.point.id, points.index(planned) + 1, len(points))
-            if faulted or entry["status"] == "failed":  # a crashed or paused server's agents: deploy again
+            progress("point", group[-1].point.id, points.index(group[-1]) + 1, len(points))
+            if faulted or any(e["status"] == "failed" for e in group_entries):  # crashed or paused agents: deploy again
                 endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
     finally:
         if monitor is not None:  # before the lab (and its Prometheus's data) goes, interrupted or not
@@ -207,6 +211,47 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             progress("down", f"{lab.name}: removing", 0, 1)
             lab.down()  # agents, Prometheus and faults with it: all journalled
             progress("down", f"{lab.name}: removed", 1, 1)
+
+
+def _groups(points: list[PlannedPoint]) -> list[list[PlannedPoint]]:
+    """The points in the order they run, each alone, except jobs that run together: one
+    group per lab variant and placement."""
+    out: list[list[PlannedPoint]] = []
+    together: dict[tuple, list[PlannedPoint]] = {}
+    for planned in points:
+        if planned.point.mode != "together":
+            out.append([planned])
+            continue
+        key = (planned.point.variant.index, planned.point.placement)
+        if key not in together:
+            together[key] = []
+            out.append(together[key])
+        together[key].append(planned)
+    return out
+
+
+def _run_together(plan: Plan, group: list[PlannedPoint], lab, endpoints: list[driver.Endpoint], entries: list[dict],
+                  progress: Progress) -> bool:
+    """Run a group's jobs at once, each on its own servers' agents (a thread per job, each
+    measured as a point of its own); whether a fault touched a server. Ctrl-C or an error
+    in one ends the group when the others have ended (the teardown stops them)."""
+    outcomes: list[BaseException | bool | None] = [None] * len(group)
+
+    def job(index: int) -> None:
+        try:
+            outcomes[index] = _run_point(plan, group[index], lab, endpoints, entries[index], progress)
+        except BaseException as exc:  # noqa: BLE001  handed to the caller's thread below
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=job, args=(i,), name=f"job-{p.point.job}") for i, p in enumerate(group)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        raise failed
+    return any(outcomes)
 
 
 def _deploy(lab, via: str, progress: Progress) -> list[driver.Endpoint]:
@@ -238,7 +283,7 @@ def _with_latency(plan: Plan, variant: LabVariant, points: list[PlannedPoint], l
     except TestbedError as exc:  # used all the same; measured again next time
         kept = f"not kept: {exc}"
     progress("latency", f"{lab.name}: α {calibrate.describe_latency(measured)}, {kept}", 1, 1)
-    again = [predict_point(plan.spec, p.point, "experiment", latency=calibrate.Latency.of(measured)) for p in points]
+    again = plan_points(plan.spec, [p.point for p in points], "experiment", latency=calibrate.Latency.of(measured))
     for planned in again:
         entries[planned.point.id]["predicted"] = point_entry(plan.spec, planned)["predicted"]
     return again

@@ -44,6 +44,11 @@ class RunPoint:
     workload: object  # the workload spec with the sweep's size applied
     size_bytes: int | None  # the gradient bytes the sweep set, else the workload's own (if it has one)
     partitioning: PartitioningSpec = PartitioningSpec()  # the sweep's, else the experiment's
+    # with jobs: the job, whether it runs alone or together with the others, and the
+    # sweep's placement (None: each job's own)
+    job: str | None = None
+    mode: str | None = None
+    placement: str | None = None
 
     @property
     def lab(self) -> LabSpec:
@@ -54,7 +59,8 @@ class RunPoint:
                 "link_rate": self.variant.link_rate, "size_bytes": self.size_bytes,
                 "algorithm": self.algorithm.key, "algorithm_name": self.algorithm.name,
                 "options": self.algorithm.options, "ps": self.algorithm.ps,
-                "partitioning": self.partitioning.model_dump(mode="json")}
+                "partitioning": self.partitioning.model_dump(mode="json"),
+                **({"job": self.job, "mode": self.mode, "placement": self.placement} if self.job else {})}
 
 
 def variants(spec: ExperimentSpec) -> list[LabVariant]:
@@ -87,6 +93,8 @@ def _servers_for_frameworks(spec: ExperimentSpec):
 
 def expand(spec: ExperimentSpec) -> list[RunPoint]:
     """The run points in the order they run; ids are unique, readable and stable."""
+    if spec.jobs:
+        return _expand_jobs(spec)
     workload = spec.agents.workload
     sizes: list[int | None] = list(spec.sweep.sizes) or [getattr(workload, "size", None)]
     partitionings = list(spec.sweep.partitionings) or [spec.partitioning]
@@ -105,6 +113,25 @@ def expand(spec: ExperimentSpec) -> list[RunPoint]:
                         parts.append(partitioning_slug(partitioning))
                     parts.append(algorithm.key)
                     points.append(RunPoint("-".join(parts), variant, algorithm, sized, size, partitioning))
+    return points
+
+
+def _expand_jobs(spec: ExperimentSpec) -> list[RunPoint]:
+    """Per lab variant and placement: every job alone, one after another, then all of them
+    together (a group the runner starts at once)."""
+    points: list[RunPoint] = []
+    for variant in variants(spec):
+        for placement in spec.sweep.placements or [None]:
+            for mode in ("alone", "together"):
+                for job in spec.jobs:
+                    workload = job.workload or spec.agents.workload
+                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
+                    if placement:
+                        parts.append(placement)
+                    parts += [job.name, mode]
+                    points.append(RunPoint("-".join(parts), variant, job.algorithm, workload,
+                                           getattr(workload, "size", None), spec.partitioning, job=job.name, mode=mode,
+                                           placement=placement))
     return points
 
 

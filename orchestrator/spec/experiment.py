@@ -36,7 +36,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
 
 from orchestrator import units
 from orchestrator.spec.compute import ComputeSpec
-from orchestrator.spec.lab import Bytes, LabSpec, Name, Rate, TopologySpec
+from orchestrator.spec.lab import Bytes, LabSpec, Name, NodeName, Rate, TopologySpec
 from orchestrator.spec.timeline import Timeline
 
 MAX_ITERATIONS = 100_000
@@ -163,7 +163,8 @@ def _algorithm(value: Any) -> Any:
 
 class AgentsSpec(_Strict):
     via: Literal["nsenter", "ssh", "exec"] = Field("nsenter", description="how agents are deployed")
-    algorithms: list[Annotated[AlgorithmSpec, BeforeValidator(_algorithm)]] = Field(min_length=1, max_length=100)
+    algorithms: list[Annotated[AlgorithmSpec, BeforeValidator(_algorithm)]] = Field(
+        default_factory=list, max_length=100, description="the algorithm axis (with jobs: left out, each job names its own)")
     workload: WorkloadSpec
     transport: str = Field("tcp", description="how agents move chunks: tcp (at the kernel's cost) or grpc (Data.Push)")
 
@@ -192,6 +193,43 @@ class PartitioningSpec(_Strict):
 
     partition_bytes: Optional[Size] = Field(None, description="e.g. 1MB")
     credit_bytes: Annotated[int, BeforeValidator(lambda v: 0 if v in (0, "0") else units.parse_size(v))] = 0
+
+
+# -- several jobs on one fabric -------------------------------------------------------------------
+PLACEMENTS = ("packed", "spread", "random")
+
+
+class PlacementSpec(_Strict):
+    """How many servers a job takes and where: `packed` the next free ones in server order,
+    `spread` free ones evenly over the free list, `random` drawn with `seed`."""
+
+    count: int = Field(strict=True, ge=1, le=4096)
+    placement: Literal["packed", "spread", "random"] = "packed"
+    seed: int = Field(0, strict=True, ge=0)
+
+
+def _job_algorithm(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class JobSpec(_Strict):
+    """One job of several sharing the lab's fabric: its own servers, algorithm and workload
+    (default the experiment's), run alone and then together with the others."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9]{0,11}$",
+                               description="a lower case letter, then letters or digits, at most 12")]
+    servers: Union[list[NodeName], PlacementSpec] = Field(description="servers by name, or {count, placement, seed}")
+    algorithm: Annotated[AlgorithmSpec, BeforeValidator(_job_algorithm)]
+    workload: Optional[WorkloadSpec] = None
+
+    @field_validator("servers")
+    @classmethod
+    def _some(cls, servers):
+        if isinstance(servers, list) and len(set(servers)) != len(servers):
+            raise ValueError("a server is listed twice")
+        if isinstance(servers, list) and not servers:
+            raise ValueError("give at least one server, or {count: N, placement: packed}")
+        return servers
 
 
 # -- sweeps ---------------------------------------------------------------------------------------
@@ -240,6 +278,8 @@ class SweepSpec(_Strict):
     sizes: list[Size] = Field(default_factory=list, max_length=100)
     partitionings: list[PartitioningSpec] = Field(default_factory=list, max_length=100,
                                                   description="ByteScheduler settings, each replacing `partitioning`")
+    placements: list[Literal["packed", "spread", "random"]] = Field(
+        default_factory=list, max_length=3, description="with jobs: each replaces every {count} job's placement")
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -261,6 +301,8 @@ class ExperimentSpec(_Strict):
     timeout: Annotated[float, BeforeValidator(units.parse_duration)] = Field(
         600.0, gt=0, description="per run of one algorithm, e.g. 600s")
     sweep: SweepSpec = SweepSpec()
+    jobs: list[JobSpec] = Field(default_factory=list, max_length=16,
+                                description="several jobs on one fabric, each alone and then all together")
     # `lab.links.bandwidth: auto`: the highest rate this machine carries faithfully, chosen at
     # plan time from its calibration (experiment/plan.py); the lab holds AUTO_PLACEHOLDER till then
     auto_bandwidth: bool = Field(False, exclude=True, json_schema_extra={"hidden": True})
@@ -286,11 +328,41 @@ class ExperimentSpec(_Strict):
             raise ValueError(f"sweep.sizes: the {kind} workload has a fixed size; sizes apply to "
                              f"{' and '.join(SIZED_KINDS)}")
         self._frameworks_fit()
+        self._jobs_fit()
         points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
-                  * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings)) * len(self.agents.algorithms))
+                  * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings))
+                  * (len(self.agents.algorithms) or 2 * len(self.jobs)) * max(1, len(self.sweep.placements)))
         if points > MAX_POINTS:
             raise ValueError(f"the sweep expands to {points} runs, more than {MAX_POINTS}: split the experiment")
         return self
+
+    def _jobs_fit(self) -> None:
+        """Jobs replace the algorithm axis; what they do not take yet is refused here."""
+        if not self.jobs:
+            if not self.agents.algorithms:
+                raise ValueError("agents.algorithms: give at least one algorithm (or jobs: several jobs, each with its own)")
+            if self.sweep.placements:
+                raise ValueError("sweep.placements: placements place jobs: give jobs:, or leave placements out")
+            return
+        if self.agents.algorithms:
+            raise ValueError("agents.algorithms: with jobs:, each job names its algorithm: leave agents.algorithms out")
+        if len(self.jobs) < 2:
+            raise ValueError("jobs: one job is an experiment without jobs: list two or more")
+        names = [job.name for job in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError("jobs: two jobs have one name: give each its own")
+        for field, given in (("faults", self.faults.events), ("sweep.sizes", self.sweep.sizes),
+                             ("sweep.partitionings", self.sweep.partitionings),
+                             ("partitioning", self.partitioning.partition_bytes or self.partitioning.credit_bytes)):
+            if given:
+                raise ValueError(f"{field}: not taken with jobs: yet: leave it out")
+        for index, job in enumerate(self.jobs):
+            if job.algorithm.framework is not None:
+                raise ValueError(f"jobs.{index}.algorithm: a framework's job is not taken yet: use the project's "
+                                 "algorithms")
+            if job.algorithm.ps:
+                raise ValueError(f"jobs.{index}.algorithm.ps: a job's parameter servers are not taken yet: use "
+                                 "colocated ones (options: {colocated: true})")
 
     def _frameworks_fit(self) -> None:
         """What a framework's points cannot take, refused before anything is planned."""

@@ -1,0 +1,35 @@
+"""Several jobs on one fabric through `testbed run` (issue 32 item 1): two ring jobs on
+torus,4,1 (four forwarding servers), each alone and then both at once, packed and spread.
+Spread, each job relays the other's bytes and takes about twice as long, as the model says
+from both jobs' flows in one simulation; packed, they do not touch. Each job's history is
+checked on its own."""
+
+from __future__ import annotations
+
+from tests.netns.test_torch_run import _run
+
+
+def test_two_jobs_interfere_as_the_model_says_spread_and_not_packed(tmp_path):
+    results = _run(tmp_path, {
+        "name": "jobs",
+        "lab": {"name": "ex-jobs4", "topology": {"kind": "torus", "k": 4, "d": 1}, "links": {"bandwidth": "50Mbit"},
+                "servers": {"runtime": "netns"}},
+        "agents": {"workload": {"kind": "tensors", "tensors": [250_000], "compute": "10ms"}},
+        "jobs": [{"name": "a", "servers": {"count": 2}, "algorithm": "ring"},
+                 {"name": "b", "servers": {"count": 2}, "algorithm": "ring"}],
+        "iterations": 5, "warmup": 1, "sweep": {"placements": ["packed", "spread"]},
+    })
+    points = results["points"]
+    assert len(points) == 8 and all(p["status"] == "done" for p in points), [p.get("error") for p in points]
+    assert all(p["checker"]["clean"] is True for p in points), [p["checker"] for p in points]
+    together = [p for p in points if p["mode"] == "together"]
+    for a, b in zip(together[0::2], together[1::2]):  # each pair ran at once
+        assert a["window"]["start"] < b["window"]["end"] and b["window"]["start"] < a["window"]["end"]
+    rows = {(r["placement"], r["job"]): r for r in results["jobs"]}
+    for job in ("a", "b"):
+        packed, spread = rows[("packed", job)], rows[("spread", job)]
+        print(job, "packed", packed["factor_measured"], packed["factor_predicted"],
+              "spread", spread["factor_measured"], spread["factor_predicted"])
+        assert abs(packed["factor_predicted"] - 1) < 0.01 and 0.9 < packed["factor_measured"] < 1.12
+        assert abs(spread["factor_predicted"] - 2) < 0.1 and 1.6 < spread["factor_measured"] < 2.3
+        assert 0.85 < spread["together_measured_s"] / spread["together_predicted_s"] < 1.15

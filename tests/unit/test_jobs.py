@@ -1,0 +1,153 @@
+"""Several jobs on one fabric (issue 32 item 1), the logic above the agents: where jobs'
+servers go, what an experiment file with jobs may say (one line naming the field otherwise),
+the model's prediction of jobs together, and the interference table read back from results.
+The real run: tests/netns/test_jobs_run.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator import topology
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import partitions
+from orchestrator.cost.compiled import compile_run
+from orchestrator.cost.jobs import merged, together
+from orchestrator.cost.network import Network
+from orchestrator.cost.routes import Routes
+from orchestrator.errors import SpecError
+from orchestrator.experiment import jobs
+from orchestrator.experiment.plan import make_plan
+from orchestrator.spec.experiment import ExperimentSpec, PlacementSpec
+from orchestrator.spec.lab import StarSpec, TorusSpec
+from orchestrator.spec.loader import validate
+
+SERVERS = [f"h{i}" for i in range(8)]
+
+
+def _job(name, servers):
+    return SimpleNamespace(name=name, servers=servers)
+
+
+def test_packed_takes_the_next_free_servers_and_spread_takes_them_evenly():
+    two = [_job("a", PlacementSpec(count=4)), _job("b", PlacementSpec(count=4))]
+    assert jobs.place(two, SERVERS) == {"a": ("h0", "h1", "h2", "h3"), "b": ("h4", "h5", "h6", "h7")}
+    assert jobs.place(two, SERVERS, "spread") == {"a": ("h0", "h2", "h4", "h6"), "b": ("h1", "h3", "h5", "h7")}
+    odd = jobs.place([_job("a", PlacementSpec(count=3, placement="spread")), _job("b", PlacementSpec(count=2))], SERVERS)
+    assert odd == {"a": ("h0", "h2", "h5"), "b": ("h1", "h3")}
+
+
+def test_random_placement_is_the_seeds_and_named_servers_come_first():
+    mixed = [_job("a", PlacementSpec(count=3, placement="random", seed=7)), _job("b", ["h0", "h7"])]
+    first, again = jobs.place(mixed, SERVERS), jobs.place(mixed, SERVERS)
+    assert first == again and first["b"] == ("h0", "h7")
+    assert not set(first["a"]) & {"h0", "h7"} and len(set(first["a"])) == 3
+    other = jobs.place([_job("a", PlacementSpec(count=3, placement="random", seed=0)), _job("b", ["h0", "h7"])], SERVERS)
+    assert other["a"] != first["a"]  # another seed, other servers (for these two seeds)
+
+
+@pytest.mark.parametrize("placed, says", [
+    ([_job("a", ["h0", "h1"]), _job("b", ["h1"])], "jobs.1.servers: h1 is job a's already: jobs share no server"),
+    ([_job("a", ["h9"])], "jobs.0.servers: h9 is no server of the lab"),
+    ([_job("a", ["h0"]), _job("b", PlacementSpec(count=8))], "jobs.1.servers: job b asks for 8 servers, 7 of the "
+                                                                "lab's 8 are free"),
+])
+def test_jobs_that_do_not_fit_are_named(placed, says):
+    with pytest.raises(ValueError, match=says):
+        jobs.place(placed, SERVERS)
+
+
+def _experiment(**changes) -> dict:
+    base = {"name": "jb", "lab": {"name": "jb", "topology": {"kind": "torus", "k": 4, "d": 1},
+                                  "links": {"bandwidth": "50Mbit"}, "servers": {"runtime": "netns"}},
+            "agents": {"workload": {"kind": "back-to-back", "size": "1MB"}},
+            "jobs": [{"name": "a", "servers": {"count": 2}, "algorithm": "ring"},
+                     {"name": "b", "servers": {"count": 2}, "algorithm": "ring"}],
+            "iterations": 3, "sweep": {"placements": ["packed", "spread"]}}
+    for key, value in changes.items():
+        if value is None:
+            base.pop(key, None)
+        else:
+            base[key] = value
+    return base
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"agents": {"algorithms": ["ring"], "workload": {"kind": "back-to-back", "size": "1MB"}}},
+     "agents.algorithms: with jobs:, each job names its algorithm"),
+    ({"jobs": [{"name": "a", "servers": {"count": 2}, "algorithm": "ring"}]}, "jobs: one job is an experiment"),
+    ({"jobs": [{"name": "a", "servers": ["h0"], "algorithm": "ring"}, {"name": "a", "servers": ["h1"],
+                                                                       "algorithm": "ring"}]}, "two jobs have one name"),
+    ({"faults": {"events": [{"action": "link-down", "target": "h0-h1", "at_iteration": 1, "for": "1s"}]}},
+     "faults: not taken with jobs: yet"),
+    ({"jobs": None}, "sweep.placements: placements place jobs"),
+    ({"jobs": [{"name": "a", "servers": ["h0", "h0"], "algorithm": "ring"}, {"name": "b", "servers": ["h1"],
+                                                                            "algorithm": "ring"}]},
+     "a server is listed twice"),
+])
+def test_what_jobs_do_not_take_is_one_line_naming_the_field(changes, says):
+    data = _experiment(**changes)
+    if changes.get("jobs", 1) is None:
+        data["agents"]["algorithms"] = ["ring"]
+    with pytest.raises(SpecError) as caught:
+        validate(ExperimentSpec, data, "jb.yaml")
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _ring(topo, nodes, elements=262_144):
+    ctx = Context(len(nodes), topo, tuple(nodes), {})
+    return compile_run("ring", ctx, elements, partitions([elements], None), nodes=nodes)
+
+
+def test_jobs_that_share_no_link_do_not_slow_each_other():
+    topo = topology.build(StarSpec(kind="star", servers=4))
+    routes, network = Routes(topo), Network(bandwidth=50e6)
+    a, b = _ring(topo, ["h0", "h1"]), _ring(topo, ["h2", "h3"])
+    alone = together(routes, [a], network) + together(routes, [b], network)
+    assert together(routes, [a, b], network) == pytest.approx(alone, rel=1e-9)
+
+
+def test_two_jobs_relaying_through_each_others_servers_take_twice_as_long():
+    """torus,4,1 is a ring of four servers, each forwarding. Spread, job a (t0, t2) and job b
+    (t1, t3) each cross a server of the other: every link direction a job's flow takes also
+    carries one flow of the other job, so max-min gives each half the rate: twice the time.
+    Packed (t0, t1 and t2, t3) they are neighbours on links of their own: no change."""
+    topo = topology.build(TorusSpec(kind="torus", k=4, d=1))
+    routes, network = Routes(topo), Network(bandwidth=50e6)
+    spread = [_ring(topo, ["t0", "t2"]), _ring(topo, ["t1", "t3"])]
+    alone = [together(routes, [run], network)[0] for run in spread]
+    both = together(routes, spread, network)
+    assert [b / a for a, b in zip(alone, both)] == pytest.approx([2.0, 2.0], rel=0.02)
+    packed = [_ring(topo, ["t0", "t1"]), _ring(topo, ["t2", "t3"])]
+    assert together(routes, packed, network) == pytest.approx([together(routes, [r], network)[0] for r in packed])
+    with pytest.raises(ValueError, match="must not share a server"):
+        merged([_ring(topo, ["t0", "t1"]), _ring(topo, ["t1", "t2"])])
+
+
+def test_a_plan_predicts_each_job_alone_and_together_and_names_the_interference():
+    plan = make_plan(validate(ExperimentSpec, _experiment(), "jb.yaml"), "jb.yaml")
+    ids = [p.point.id for p in plan.points]
+    assert ids[:4] == ["000-torus-4-1-50mbit-packed-a-alone", "001-torus-4-1-50mbit-packed-b-alone",
+                       "002-torus-4-1-50mbit-packed-a-together", "003-torus-4-1-50mbit-packed-b-together"]
+    by_id = {p.point.id: p for p in plan.points}
+    spread_a = by_id["006-torus-4-1-50mbit-spread-a-together"]
+    assert spread_a.layout.workers == ("t0", "t2")
+    alone = by_id["004-torus-4-1-50mbit-spread-a-alone"].prediction.per_run
+    assert spread_a.prediction.per_run == pytest.approx(2 * alone, rel=0.03)
+    assert spread_a.prediction.parts["interference"] == pytest.approx(alone, rel=0.05)
+    packed = by_id["002-torus-4-1-50mbit-packed-a-together"]
+    assert packed.prediction.parts["interference"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_interference_table_reads_results_back_and_survives_garbage():
+    def entry(job, mode, sync, predicted, lab="jb"):
+        return {"id": f"{job}-{mode}", "lab": lab, "placement": "spread", "job": job, "mode": mode, "algorithm": "ring",
+                "workers": ["h0", "h2"], "status": "done", "sync_s": {"fault_free_mean": sync},
+                "predicted": {"seconds": predicted}}
+
+    results = {"points": [entry("a", "alone", 0.5, 0.4), entry("a", "together", 1.0, 0.8),
+                          entry("b", "alone", "x", None), entry("b", "together", [1], True), "not a point"]}
+    rows = jobs.table_rows(results)
+    assert rows[0] == ["jb", "spread", "a", "ring", "2", "0.5000 / 0.4000", "1.0000 / 0.8000", "2.000 / 2.000"]
+    assert rows[1][5:] == ["– / –", "– / –", "– / –"]
