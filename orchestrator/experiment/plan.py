@@ -175,11 +175,21 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"{exc}") from None
+    field, timeline = "faults", spec.faults
+    if point.job is not None:
+        index = [job.name for job in spec.jobs].index(point.job)
+        field, timeline = f"jobs.{index}.faults", spec.jobs[index].faults
     try:
-        faults = plan_faults(spec.faults, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name,
+        faults = plan_faults(timeline, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name,
                              iterations=spec.iterations)
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
-        raise SpecError(f"{source}: faults.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
+        raise SpecError(f"{source}: {field}.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
+    if point.job is not None:
+        foreign = [f for f in faults if f.action.startswith("server-") and f.target not in ranks.nodes]
+        if foreign:
+            raise SpecError(f"{source}: {field}: {foreign[0].action} {foreign[0].target} is no server of job "
+                            f"{point.job} ({', '.join(ranks.nodes)}): a job's server faults target its own servers "
+                            f"(run {point.id})")
     return PlannedPoint(point, ranks, tensors, prediction, faults, drawn)
 
 

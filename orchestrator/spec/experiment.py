@@ -221,6 +221,8 @@ class JobSpec(_Strict):
     servers: Union[list[NodeName], PlacementSpec] = Field(description="servers by name, or {count, placement, seed}")
     algorithm: Annotated[AlgorithmSpec, BeforeValidator(_job_algorithm)]
     workload: Optional[WorkloadSpec] = None
+    faults: Timeline = Field(default_factory=Timeline, description="this job's fault timeline, by its iterations "
+                             "(a server fault targets one of its own servers)")
 
     @field_validator("servers")
     @classmethod
@@ -351,7 +353,9 @@ class ExperimentSpec(_Strict):
         names = [job.name for job in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError("jobs: two jobs have one name: give each its own")
-        for field, given in (("faults", self.faults.events), ("sweep.sizes", self.sweep.sizes),
+        if self.faults.events:
+            raise ValueError("faults: with jobs:, each job has its own timeline (jobs.N.faults): move the events there")
+        for field, given in (("sweep.sizes", self.sweep.sizes),
                              ("sweep.partitionings", self.sweep.partitionings),
                              ("partitioning", self.partitioning.partition_bytes or self.partitioning.credit_bytes)):
             if given:

@@ -33,3 +33,24 @@ def test_two_jobs_interfere_as_the_model_says_spread_and_not_packed(tmp_path):
         assert abs(packed["factor_predicted"] - 1) < 0.01 and 0.9 < packed["factor_measured"] < 1.12
         assert abs(spread["factor_predicted"] - 2) < 0.1 and 1.6 < spread["factor_measured"] < 2.3
         assert 0.85 < spread["together_measured_s"] / spread["together_predicted_s"] < 1.15
+
+
+def test_a_jobs_fault_timeline_runs_with_that_job_alone(tmp_path):
+    results = _run(tmp_path, {
+        "name": "jobfaults",
+        "lab": {"name": "ex-jobf", "topology": {"kind": "star", "servers": 4}, "links": {"bandwidth": "50Mbit"},
+                "servers": {"runtime": "netns"}},
+        "agents": {"workload": {"kind": "tensors", "tensors": [125_000], "compute": "10ms"}},
+        "jobs": [{"name": "a", "servers": ["h0", "h1"], "algorithm": "ring",
+                  "faults": {"events": [{"action": "link-degrade", "target": "h0-sw", "at_iteration": 2, "for": "0.5s",
+                                         "options": {"rate": "25Mbit"}}]}},
+                 {"name": "b", "servers": ["h2", "h3"], "algorithm": "ring"}],
+        "iterations": 5, "warmup": 1,
+    })
+    points = {(p["job"], p["mode"]): p for p in results["points"]}
+    assert all(p["status"] == "done" and p["checker"]["clean"] is True for p in points.values())
+    for mode in ("alone", "together"):
+        (event,) = points[("a", mode)]["fault_events"]
+        assert event["action"] == "link-degrade" and event["applied"] and event["undone"] and not event.get("error")
+        assert points[("a", mode)]["faulted_iterations"], points[("a", mode)]["faulted_iterations"]
+        assert points[("b", mode)]["fault_events"] == [] and points[("b", mode)]["faulted_iterations"] == []

@@ -79,8 +79,8 @@ def _experiment(**changes) -> dict:
     ({"jobs": [{"name": "a", "servers": {"count": 2}, "algorithm": "ring"}]}, "jobs: one job is an experiment"),
     ({"jobs": [{"name": "a", "servers": ["h0"], "algorithm": "ring"}, {"name": "a", "servers": ["h1"],
                                                                        "algorithm": "ring"}]}, "two jobs have one name"),
-    ({"faults": {"events": [{"action": "link-down", "target": "h0-h1", "at_iteration": 1, "for": "1s"}]}},
-     "faults: not taken with jobs: yet"),
+    ({"faults": {"events": [{"action": "link-down", "target": "t0-t1", "at_iteration": 1, "for": "1s"}]}},
+     "faults: with jobs:, each job has its own timeline (jobs.N.faults)"),
     ({"jobs": None}, "sweep.placements: placements place jobs"),
     ({"jobs": [{"name": "a", "servers": ["h0", "h0"], "algorithm": "ring"}, {"name": "b", "servers": ["h1"],
                                                                             "algorithm": "ring"}]},
@@ -151,3 +151,16 @@ def test_the_interference_table_reads_results_back_and_survives_garbage():
     rows = jobs.table_rows(results)
     assert rows[0] == ["jb", "spread", "a", "ring", "2", "0.5000 / 0.4000", "1.0000 / 0.8000", "2.000 / 2.000"]
     assert rows[1][5:] == ["– / –", "– / –", "– / –"]
+
+
+def test_a_jobs_timeline_is_its_own_and_its_server_faults_hit_only_its_servers():
+    data = _experiment()
+    data["jobs"][0]["faults"] = {"events": [{"action": "link-degrade", "target": "t0-t1", "at_iteration": 1,
+                                             "for": "1s", "options": {"rate": "25Mbit"}}]}
+    plan = make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml")
+    assert {p.point.job for p in plan.points if p.faults} == {"a"}
+    assert all(len(p.faults) == 1 for p in plan.points if p.point.job == "a")
+    data["jobs"][0]["faults"] = {"events": [{"action": "server-pause", "target": "t3", "at_iteration": 1, "for": "1s"}]}
+    with pytest.raises(SpecError, match=r"jb.yaml: jobs.0.faults: server-pause t3 is no server of job a \(t0, t1\): a "
+                                        r"job's server faults target its own servers"):
+        make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml")
