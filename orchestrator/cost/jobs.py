@@ -43,28 +43,71 @@ def merged(runs: Sequence[CompiledRun]) -> tuple[list, list[str], list[range]]:
     return schedules, nodes, ranks
 
 
+# Iterations of each job the model follows (its own count when fewer): their mean time per
+# synchronisation stands for the job's, as SKEW_ITERATIONS does for stragglers
+JOINT_ITERATIONS = 32
+IDLE_S = 1e9  # a job not started yet, or done: its ranks compute this long before going on
+
+
 def together(routes: Routes, runs: Sequence[CompiledRun], network: Network, compute_s: Sequence[float] = (),
-             iterations: int = BACK_TO_BACK) -> list[float]:
-    """Each job's seconds per synchronisation while all of `runs` loop at once (`compute_s`:
-    each job's compute per iteration), as a run measures it: its slowest rank's exit of
-    one iteration to its exit of the next, over the iterations, less the compute."""
+             iterations: Sequence[int] | int = BACK_TO_BACK, starts: Sequence[float] = (),
+             after: Sequence[int | None] = (), warmup: int = 0) -> list[float]:
+    """Each job's mean seconds per synchronisation while `runs` loop on one fabric, as a run
+    measures it: its slowest rank's exit of one iteration to its exit of the next, less its
+    compute, over its iterations from `warmup` (at least the second) to its last.
+
+    `compute_s`: each job's compute per iteration; `iterations`: each job's count (or one
+    for all); `starts`: seconds after the first job's start each job starts; `after`: the
+    index of the job whose end a job waits for (None: it starts at its `starts`). A job
+    done is done: the others run on without it."""
     if not runs:
         return []
-    compute = list(compute_s) or [0.0] * len(runs)
-    if len(compute) != len(runs):
-        raise ValueError(f"{len(compute)} compute times for {len(runs)} jobs")
+    jobs = len(runs)
+    compute = list(compute_s) or [0.0] * jobs
+    counts = [iterations] * jobs if isinstance(iterations, int) else list(iterations)
+    offsets = list(starts) or [0.0] * jobs
+    waits = list(after) or [None] * jobs
+    if not len(compute) == len(counts) == len(offsets) == len(waits) == jobs:
+        raise ValueError(f"compute, iterations, starts and after must give one value for each of the {jobs} jobs")
+    counts = [min(max(1, c), JOINT_ITERATIONS) for c in counts]
     credits = {run.credit_bytes for run in runs}
     if len(credits) > 1:
         raise ValueError("jobs on one fabric share one credit (partitioning.credit_bytes)")
     schedules, nodes, ranks = merged(runs)
     job_of = {rank: j for j, span in enumerate(ranks) for rank in span}
-    run = simulate(routes, schedules, nodes, network, max(r.chunk_bytes for r in runs), credits.pop(),
-                   receive_buffer_bytes=DEFAULT_RECEIVE_BUFFER_BYTES,
-                   send_buffer_bytes=max(r.send_buffer_bytes for r in runs), iterations=iterations,
-                   compute_s=(lambda iteration, rank: compute[job_of[rank]]) if any(compute) else 0.0)
+    resolved = [w is None for w in waits]
+    begins = [o if w is None else IDLE_S for o, w in zip(offsets, waits)]
+    for _ in range(jobs):  # each pass fixes the start of the jobs whose predecessor's end it saw
+        run = _simulate(routes, runs, schedules, nodes, network, credits, compute, counts, begins, job_of)
+        ends = [_ends(run, span, count) for span, count in zip(ranks, counts)]
+        waiting = [j for j in range(jobs) if not resolved[j] and resolved[waits[j]]]
+        if not waiting:
+            break
+        for j in waiting:
+            begins[j], resolved[j] = ends[waits[j]][-1], True
+    if not all(resolved):
+        raise ValueError("jobs wait for each other in a circle: one of them must start on its own")
     out = []
-    for j, span in enumerate(ranks):
-        ends = [max((exits[r] for r in span if r in exits), default=0.0) for exits in run.exits]
-        period = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else ends[0]
-        out.append(max(0.0, period - (compute[j] if len(ends) > 1 else 0.0)))
+    for j in range(jobs):
+        own = ends[j]
+        syncs = [own[i] - own[i - 1] - compute[j] for i in range(max(1, warmup), len(own))]
+        out.append(max(0.0, sum(syncs) / len(syncs)) if syncs else max(0.0, own[0] - begins[j] - compute[j]))
     return out
+
+
+def _simulate(routes, runs, schedules, nodes, network, credits, compute, counts, begins, job_of):
+    def seconds(iteration: int, rank: int) -> float:
+        j = job_of[rank]
+        if iteration >= counts[j]:
+            return IDLE_S  # done: out of the others' way
+        return compute[j] + (begins[j] if iteration == 0 else 0.0)
+
+    return simulate(routes, schedules, nodes, network, max(r.chunk_bytes for r in runs), next(iter(credits)),
+                    receive_buffer_bytes=DEFAULT_RECEIVE_BUFFER_BYTES,
+                    send_buffer_bytes=max(r.send_buffer_bytes for r in runs), iterations=max(counts),
+                    compute_s=seconds)
+
+
+def _ends(run, span: range, count: int) -> list[float]:
+    """When the job's slowest rank left each of its own iterations."""
+    return [max((exits[r] for r in span if r in exits), default=0.0) for exits in run.exits[:count]]

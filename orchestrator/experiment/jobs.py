@@ -55,15 +55,25 @@ def place(jobs: Sequence, servers: Sequence[str], placement: str | None = None) 
     return out
 
 
-def predict_together(group: list, compiled: list, topology, compute_s: list[float]) -> list:
+def predict_together(spec, group: list, compiled: list, topology) -> list:
     """The group's planned points (one per job, all on one lab), each with its prediction
-    made with every job's flows at once: `per_run` the job's time per synchronisation
-    together, parts["interference"] what the others add to it (alone as the same model
-    makes it). `compiled`: each point's CompiledRun."""
+    made with every job's flows at once, each job with its own iterations and start:
+    `per_run` the job's time per synchronisation together, parts["interference"] what the
+    others add to it (alone as the same model makes it). `compiled`: each point's
+    CompiledRun."""
+    from orchestrator.experiment import workloads
+
     network = group[0].prediction.network
     routes = Routes(topology)
-    both = together(routes, compiled, network, compute_s)
-    alone = [together(routes, [run], network, [c])[0] for run, c in zip(compiled, compute_s)]
+    specs = {job.name: job for job in spec.jobs}
+    names = [p.point.job for p in group]
+    compute = [workloads.compute_seconds(p.point.workload) for p in group]
+    counts = [p.iterations for p in group]
+    starts = [specs[n].start.at or 0.0 for n in names]
+    after = [names.index(specs[n].start.after) if specs[n].start.after else None for n in names]
+    both = together(routes, compiled, network, compute, counts, starts, after, spec.warmup)
+    alone = [together(routes, [run], network, [c], [n], warmup=spec.warmup)[0]
+             for run, c, n in zip(compiled, compute, counts)]
     out = []
     for planned, joint, own in zip(group, both, alone):
         parts = {**(planned.prediction.parts or {}), "interference": joint - own}

@@ -51,6 +51,7 @@ class PlannedPoint:
     prediction: Prediction
     faults: list  # faults.timeline.PlannedFault, in the order they fall
     compute: list[list[float]] | None = None  # stragglers' drawn compute, [iteration][worker]
+    iterations: int = 1  # how many the point runs (a job's own count, else the experiment's)
 
     @property
     def size_bytes(self) -> int:
@@ -145,6 +146,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     host's available memory, when known). `latency`: a calibrate.Latency (default: as
     measured on the lab, `latency_of`; else α is 0)."""
     _framework_fits(point, source)
+    iterations = point.iterations or spec.iterations
     latency = latency if latency is not None else latency_of(spec, point.lab)
     ranks = layout(point, source, spec)
     tensors = workloads.tensors(point.workload)
@@ -159,7 +161,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
                                      cores=latency.cores if latency else None)
         try:
-            drawn = workloads.drawn_compute(point.workload, len(ranks.workers), spec.iterations)
+            drawn = workloads.drawn_compute(point.workload, len(ranks.workers), iterations)
         except ValueError as exc:
             raise SpecError(f"{source}: agents.workload.compute: {exc} (run {point.id})") from None
         prediction = _compiled(spec, point, ranks, tensors, parts).predicted(
@@ -181,7 +183,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         field, timeline = f"jobs.{index}.faults", spec.jobs[index].faults
     try:
         faults = plan_faults(timeline, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name,
-                             iterations=spec.iterations)
+                             iterations=iterations)
     except FaultError as exc:  # "timeline events.2: ..." → the file and its field
         raise SpecError(f"{source}: {field}.{str(exc).removeprefix('timeline ')} (run {point.id})") from None
     if point.job is not None:
@@ -190,7 +192,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             raise SpecError(f"{source}: {field}: {foreign[0].action} {foreign[0].target} is no server of job "
                             f"{point.job} ({', '.join(ranks.nodes)}): a job's server faults target its own servers "
                             f"(run {point.id})")
-    return PlannedPoint(point, ranks, tensors, prediction, faults, drawn)
+    return PlannedPoint(point, ranks, tensors, prediction, faults, drawn, iterations)
 
 
 def _algorithm_field(spec: ExperimentSpec, point: RunPoint) -> str:
@@ -213,8 +215,7 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
         group = [planned[i] for i in indices]
         compiled = [_compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None)) for p in group]
         try:
-            predicted = jobs.predict_together(group, compiled, topology_of(group[0].point.lab),
-                                              [workloads.compute_seconds(p.point.workload) for p in group])
+            predicted = jobs.predict_together(spec, group, compiled, topology_of(group[0].point.lab))
         except (ValueError, ModelTooLarge) as exc:
             raise SpecError(f"{source}: jobs: run {group[0].point.id}: the model cannot take them together: {exc}") \
                 from None

@@ -64,7 +64,7 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         **planned.point.describe(), "status": "not run", "error": None,
         "size_bytes": planned.size_bytes, "workload": planned.point.workload.model_dump(mode="json"),
         "workers": list(planned.layout.workers), "servers": list(planned.layout.servers),
-        "iterations": spec.iterations, "warmup": spec.warmup,
+        "iterations": planned.iterations, "warmup": spec.warmup,
         # stragglers: the compute each worker was handed, [iteration][worker] (None: no skew)
         "compute_drawn": planned.compute,
         # what the run's time per synchronisation is held against: one allreduce of a run of them
@@ -233,17 +233,27 @@ def _groups(points: list[PlannedPoint]) -> list[list[PlannedPoint]]:
 def _run_together(plan: Plan, group: list[PlannedPoint], lab, endpoints: list[driver.Endpoint], entries: list[dict],
                   progress: Progress) -> bool:
     """Run a group's jobs at once, each on its own servers' agents (a thread per job, each
-    measured as a point of its own); whether a fault touched a server. Ctrl-C or an error
-    in one ends the group when the others have ended (the teardown stops them)."""
+    measured as a point of its own), each from its start (`at` seconds after the group's, or
+    when the job it waits for has ended); whether a fault touched a server. Ctrl-C or an
+    error in one ends the group when the others have ended (the teardown stops them)."""
     outcomes: list[BaseException | bool | None] = [None] * len(group)
+    starts = {job.name: job.start for job in plan.spec.jobs}
+    names = [p.point.job for p in group]
+    began = time.monotonic()
 
     def job(index: int) -> None:
+        start = starts[names[index]]
+        if start.after is not None:  # when that job has ended, well or not
+            threads[names.index(start.after)].join()
+        elif start.at:
+            time.sleep(max(0.0, began + start.at - time.monotonic()))  # a start time, not a state to wait for
         try:
             outcomes[index] = _run_point(plan, group[index], lab, endpoints, entries[index], progress)
         except BaseException as exc:  # noqa: BLE001  handed to the caller's thread below
             outcomes[index] = exc
 
-    threads = [threading.Thread(target=job, args=(i,), name=f"job-{p.point.job}") for i, p in enumerate(group)]
+    threads = [threading.Thread(target=job, args=(i,), name=f"job-{p.point.job}", daemon=True)
+               for i, p in enumerate(group)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -311,11 +321,13 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     entry["status"] = "running"
     timeline = TimelineRunner(lab, faults)
 
+    iterations = planned.iterations
+
     def on_iteration(iteration: int) -> None:
         timeline.on_iteration(iteration)
-        progress("run", point.id, iteration, spec.iterations)
+        progress("run", point.id, iteration, iterations)
 
-    watcher = _IterationWatcher(eps, spec.iterations, on_iteration)
+    watcher = _IterationWatcher(eps, iterations, on_iteration)
     rejoiner = Rejoiner(lab, _via(lab, spec.agents.via)) if faults else None
     result = None
     with _measured(lab, entry, lambda: [dataclasses.asdict(r) for r in timeline.events()]) as counters:
@@ -323,7 +335,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             with timeline, watcher:
                 result = driver.run(eps, point.algorithm.name, planned.tensors,
                                     workloads.build(point.workload, planned.tensors, workers, planned.compute),
-                                    iterations=spec.iterations, ctx=context(point, planned.layout),
+                                    iterations=iterations, ctx=context(point, planned.layout),
                                     partition_bytes=point.partitioning.partition_bytes,
                                     credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                     network=planned.prediction.network, link_state=lab.link_up,
@@ -341,12 +353,12 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             if rejoiner is not None:
                 rejoiner.close()
     if result is not None:
-        progress("run", point.id, spec.iterations, spec.iterations)
+        progress("run", point.id, iterations, iterations)
         records = result.records()
         entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]  # measured_point reads it
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
-        if point.workload.kind == "back-to-back" and spec.iterations > 1:
+        if point.workload.kind == "back-to-back" and iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
         entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup)
@@ -382,11 +394,11 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     framework = frameworks.get(point.algorithm.framework)
     workers = list(planned.layout.workers)
     entry.update(status="running", framework=framework.name)
-    job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, spec.iterations, spec.timeout,
-                         lambda iteration: progress("run", point.id, iteration, spec.iterations))
+    job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, planned.iterations, spec.timeout,
+                         lambda iteration: progress("run", point.id, iteration, planned.iterations))
     outcome = None
     with _measured(lab, entry) as counters:
-        progress("run", point.id, 0, spec.iterations)
+        progress("run", point.id, 0, planned.iterations)
         try:
             outcome = framework.run(job)
         except driver.RunError as exc:
@@ -397,11 +409,11 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
             raise
     if outcome is not None:
         records = sorted(outcome.records, key=lambda r: (r["iteration"], r["rank"]))
-        gst = [max(r["gst_s"] for r in records if r["iteration"] == i) for i in range(spec.iterations)]
+        gst = [max(r["gst_s"] for r in records if r["iteration"] == i) for i in range(planned.iterations)]
         entry.update(results_lib.measured_point(entry, records, gst, spec.warmup, len(workers)))
         entry.update(status="done", run_id=f"{framework.name}-{int(entry['window']['start'])}",
                      wall_s=entry["bytes_per_link"]["seconds"])
-        if point.workload.kind == "back-to-back" and spec.iterations > 1:
+        if point.workload.kind == "back-to-back" and planned.iterations > 1:
             entry["back_to_back_s"] = _back_to_back(records, max(1, spec.warmup))
         entry["checker"] = outcome.checker
         entry["under_faults"] = []

@@ -49,6 +49,7 @@ class RunPoint:
     job: str | None = None
     mode: str | None = None
     placement: str | None = None
+    iterations: int | None = None  # a job's own count (None: the experiment's)
 
     @property
     def lab(self) -> LabSpec:
@@ -131,7 +132,7 @@ def _expand_jobs(spec: ExperimentSpec) -> list[RunPoint]:
                     parts += [job.name, mode]
                     points.append(RunPoint("-".join(parts), variant, job.algorithm, workload,
                                            getattr(workload, "size", None), spec.partitioning, job=job.name, mode=mode,
-                                           placement=placement))
+                                           placement=placement, iterations=job.iterations))
     return points
 
 

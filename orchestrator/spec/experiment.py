@@ -208,6 +208,20 @@ class PlacementSpec(_Strict):
     seed: int = Field(0, strict=True, ge=0)
 
 
+class StartSpec(_Strict):
+    """When a job starts, with the others: `at` seconds after the first, or `after` another
+    job has ended."""
+
+    at: Optional[Annotated[float, BeforeValidator(units.parse_duration)]] = Field(None, ge=0, description="e.g. 2s")
+    after: Optional[str] = Field(None, description="the name of another job")
+
+    @model_validator(mode="after")
+    def _one(self) -> "StartSpec":
+        if (self.at is None) == (self.after is None):
+            raise ValueError("give exactly one of at (e.g. 2s) and after (another job's name)")
+        return self
+
+
 def _job_algorithm(value: Any) -> Any:
     return {"name": value} if isinstance(value, str) else value
 
@@ -223,6 +237,8 @@ class JobSpec(_Strict):
     workload: Optional[WorkloadSpec] = None
     faults: Timeline = Field(default_factory=Timeline, description="this job's fault timeline, by its iterations "
                              "(a server fault targets one of its own servers)")
+    iterations: Optional[int] = Field(None, strict=True, ge=1, le=MAX_ITERATIONS, description="default the experiment's")
+    start: StartSpec = Field(default_factory=lambda: StartSpec(at=0.0), description="{at: 2s} or {after: a}")
 
     @field_validator("servers")
     @classmethod
@@ -353,6 +369,24 @@ class ExperimentSpec(_Strict):
         names = [job.name for job in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError("jobs: two jobs have one name: give each its own")
+        for index, job in enumerate(self.jobs):
+            if job.start.after is not None and (job.start.after not in names or job.start.after == job.name):
+                raise ValueError(f"jobs.{index}.start.after: {units.shown(job.start.after)} is no other job: use one of "
+                                 f"{', '.join(n for n in names if n != job.name)}")
+            if job.iterations is not None and job.iterations <= self.warmup:
+                raise ValueError(f"jobs.{index}.iterations: {job.iterations} leaves nothing after the warm-up "
+                                 f"({self.warmup}): give more")
+        seen: set[str] = set()
+        for job in self.jobs:  # a chain of `after`s must reach a job that starts on its own
+            walk, name = set(), job.name
+            by_name = {j.name: j for j in self.jobs}
+            while name is not None and name not in seen:
+                if name in walk:
+                    raise ValueError(f"jobs: {' and '.join(sorted(walk))} wait for each other in a circle: one of them "
+                                     "must start on its own (start: {at: 0s})")
+                walk.add(name)
+                name = by_name[name].start.after
+            seen |= walk
         if self.faults.events:
             raise ValueError("faults: with jobs:, each job has its own timeline (jobs.N.faults): move the events there")
         for field, given in (("sweep.sizes", self.sweep.sizes),

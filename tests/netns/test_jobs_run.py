@@ -54,3 +54,26 @@ def test_a_jobs_fault_timeline_runs_with_that_job_alone(tmp_path):
         assert event["action"] == "link-degrade" and event["applied"] and event["undone"] and not event.get("error")
         assert points[("a", mode)]["faulted_iterations"], points[("a", mode)]["faulted_iterations"]
         assert points[("b", mode)]["fault_events"] == [] and points[("b", mode)]["faulted_iterations"] == []
+
+
+def test_a_job_that_starts_after_another_ends_runs_as_if_alone(tmp_path):
+    """Spread on torus,4,1 the two jobs would halve each other's rate (above); with b after
+    a (which runs 3 iterations to b's 5) neither is slowed, measured as predicted."""
+    results = _run(tmp_path, {
+        "name": "jobsafter",
+        "lab": {"name": "ex-jobsa", "topology": {"kind": "torus", "k": 4, "d": 1}, "links": {"bandwidth": "50Mbit"},
+                "servers": {"runtime": "netns"}},
+        "agents": {"workload": {"kind": "back-to-back", "size": "1MB"}},
+        "jobs": [{"name": "a", "servers": ["t0", "t2"], "algorithm": "ring", "iterations": 3},
+                 {"name": "b", "servers": ["t1", "t3"], "algorithm": "ring", "start": {"after": "a"}}],
+        "iterations": 5, "warmup": 1,
+    })
+    points = {(p["job"], p["mode"]): p for p in results["points"]}
+    assert all(p["status"] == "done" for p in points.values()), [p.get("error") for p in points.values()]
+    a, b = points[("a", "together")], points[("b", "together")]
+    assert len(a["records"]) == 2 * 3 and len(b["records"]) == 2 * 5  # each its own iterations
+    assert b["window"]["start"] >= a["window"]["end"] - 0.05  # b waited for a's end
+    rows = {r["job"]: r for r in results["jobs"]}
+    for job in ("a", "b"):
+        assert abs(rows[job]["factor_predicted"] - 1) < 0.01, rows[job]
+        assert 0.85 < rows[job]["factor_measured"] < 1.15, rows[job]

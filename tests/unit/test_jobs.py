@@ -164,3 +164,49 @@ def test_a_jobs_timeline_is_its_own_and_its_server_faults_hit_only_its_servers()
     with pytest.raises(SpecError, match=r"jb.yaml: jobs.0.faults: server-pause t3 is no server of job a \(t0, t1\): a "
                                         r"job's server faults target its own servers"):
         make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml")
+
+
+def _spread_torus():
+    topo = topology.build(TorusSpec(kind="torus", k=4, d=1))
+    return Routes(topo), Network(bandwidth=50e6), [_ring(topo, ["t0", "t2"]), _ring(topo, ["t1", "t3"])]
+
+
+def test_a_job_that_starts_after_another_ends_is_not_slowed_by_it():
+    routes, network, spread = _spread_torus()
+    alone = [together(routes, [run], network, iterations=[4])[0] for run in spread]
+    sequential = together(routes, spread, network, iterations=[4, 4], after=[None, 0])
+    assert sequential == pytest.approx(alone, rel=1e-6)
+    with pytest.raises(ValueError, match="in a circle"):
+        together(routes, spread, network, iterations=[4, 4], after=[1, 0])
+
+
+def test_a_late_start_or_a_short_neighbour_overlaps_only_part_of_a_job():
+    """b runs 8 iterations; a, 2 of them at once with b's first two: b's mean lies between
+    alone (1×) and always shared (2×): its first iterations are shared, the rest alone."""
+    routes, network, spread = _spread_torus()
+    b_alone = together(routes, [spread[1]], network, iterations=[8])[0]
+    short = together(routes, spread, network, iterations=[2, 8])
+    assert 1.05 * b_alone < short[1] < 1.6 * b_alone
+    assert short[0] == pytest.approx(2 * b_alone, rel=0.05)  # a's one timed iteration: shared throughout
+    late = together(routes, spread, network, iterations=[4, 4], starts=[0.0, 100.0])  # b starts when a is long done
+    assert late == pytest.approx([b_alone, b_alone], rel=1e-3)
+
+
+@pytest.mark.parametrize("job, says", [
+    ({"start": {"at": "1s", "after": "b"}}, "give exactly one of at"),
+    ({"start": {"after": "c"}}, "jobs.0.start.after: 'c' is no other job: use one of b"),
+    ({"start": {"after": "a"}}, "jobs.0.start.after: 'a' is no other job"),
+    ({"iterations": 1}, r"jobs.0.iterations: 1 leaves nothing after the warm-up \(1\)"),
+])
+def test_a_jobs_start_and_iterations_are_checked(job, says):
+    data = _experiment(warmup=1)
+    data["jobs"][0].update(job)
+    with pytest.raises(SpecError, match=says):
+        validate(ExperimentSpec, data, "jb.yaml")
+
+
+def test_jobs_waiting_for_each_other_in_a_circle_are_refused():
+    data = _experiment()
+    data["jobs"][0]["start"], data["jobs"][1]["start"] = {"after": "b"}, {"after": "a"}
+    with pytest.raises(SpecError, match="jobs: a and b wait for each other in a circle"):
+        validate(ExperimentSpec, data, "jb.yaml")
