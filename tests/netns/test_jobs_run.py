@@ -1,38 +1,48 @@
 """Several jobs on one fabric through `testbed run` (issue 32 item 1): two ring jobs on
-torus,4,1 (four forwarding servers), each alone and then both at once, packed and spread.
-Spread, each job relays the other's bytes and takes about twice as long, as the model says
-from both jobs' flows in one simulation; packed, they do not touch. Each job's history is
-checked on its own."""
+bcube,4,1, each alone and then both at once, placed where they share links and where they do
+not, measured beside the model's prediction; a job that starts after another; a job's own
+fault timeline. Each job's history is checked on its own."""
 
 from __future__ import annotations
 
 from tests.netns.test_torch_run import _run
 
 
-def test_two_jobs_interfere_as_the_model_says_spread_and_not_packed(tmp_path):
+def test_two_jobs_on_bcube_interfere_where_their_rings_share_links_as_the_model_says(tmp_path):
+    """BCube(4,1): servers relay between level-0 groups through their level-1 NICs. Packed
+    (a group each) and spread (a position each) the two 4-server rings use links of their
+    own; placed at random (seeds 1 and 11) both rings relay through the same servers' level-1
+    links and each takes about twice as long: measured beside the model's prediction from
+    both jobs' flows in one simulation."""
     results = _run(tmp_path, {
         "name": "jobs",
-        "lab": {"name": "ex-jobs4", "topology": {"kind": "torus", "k": 4, "d": 1}, "links": {"bandwidth": "50Mbit"},
+        "lab": {"name": "ex-jobsbc", "topology": {"kind": "bcube", "n": 4, "k": 1}, "links": {"bandwidth": "50Mbit"},
                 "servers": {"runtime": "netns"}},
         "agents": {"workload": {"kind": "tensors", "tensors": [250_000], "compute": "10ms"}},
-        "jobs": [{"name": "a", "servers": {"count": 2}, "algorithm": "ring"},
-                 {"name": "b", "servers": {"count": 2}, "algorithm": "ring"}],
-        "iterations": 5, "warmup": 1, "sweep": {"placements": ["packed", "spread"]},
+        "jobs": [{"name": "a", "servers": {"count": 4, "seed": 1}, "algorithm": "ring"},
+                 {"name": "b", "servers": {"count": 4, "seed": 11}, "algorithm": "ring"}],
+        "iterations": 5, "warmup": 1, "sweep": {"placements": ["packed", "spread", "random"]},
     })
     points = results["points"]
-    assert len(points) == 8 and all(p["status"] == "done" for p in points), [p.get("error") for p in points]
+    assert len(points) == 12 and all(p["status"] == "done" for p in points), [p.get("error") for p in points]
     assert all(p["checker"]["clean"] is True for p in points), [p["checker"] for p in points]
     together = [p for p in points if p["mode"] == "together"]
     for a, b in zip(together[0::2], together[1::2]):  # each pair ran at once
         assert a["window"]["start"] < b["window"]["end"] and b["window"]["start"] < a["window"]["end"]
     rows = {(r["placement"], r["job"]): r for r in results["jobs"]}
     for job in ("a", "b"):
-        packed, spread = rows[("packed", job)], rows[("spread", job)]
-        print(job, "packed", packed["factor_measured"], packed["factor_predicted"],
-              "spread", spread["factor_measured"], spread["factor_predicted"])
-        assert abs(packed["factor_predicted"] - 1) < 0.01 and 0.9 < packed["factor_measured"] < 1.12
-        assert abs(spread["factor_predicted"] - 2) < 0.1 and 1.6 < spread["factor_measured"] < 2.3
-        assert 0.85 < spread["together_measured_s"] / spread["together_predicted_s"] < 1.15
+        for apart in ("packed", "spread"):
+            row = rows[(apart, job)]
+            print(job, apart, row["factor_measured"], row["factor_predicted"])
+            assert abs(row["factor_predicted"] - 1) < 0.01 and 0.88 < row["factor_measured"] < 1.12, row
+        shared = rows[("random", job)]
+        print(job, "random", shared["servers"], shared["factor_measured"], shared["factor_predicted"])
+        assert abs(shared["factor_predicted"] - 2) < 0.1 and shared["factor_measured"] > 1.3, shared
+    # the model shares a link equally; TCP need not (one run here: 1.64 and 2.12 against 1.985
+    # each): what the two jobs lose together is what the model says
+    measured = sum(rows[("random", job)]["factor_measured"] for job in ("a", "b")) / 2
+    predicted = sum(rows[("random", job)]["factor_predicted"] for job in ("a", "b")) / 2
+    assert 0.85 < measured / predicted < 1.15, (measured, predicted)
 
 
 def test_a_jobs_fault_timeline_runs_with_that_job_alone(tmp_path):
