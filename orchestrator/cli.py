@@ -1145,9 +1145,13 @@ def _latency_lines(plan) -> list[str]:
 
 def _print_plan(plan, needs=None) -> None:
     spec = plan.spec
-    out.print(f"experiment {spec.name}: {len(plan.points)} runs on {len(plan.variants)} lab(s), {spec.iterations} "
-              f"iterations each ({spec.warmup} warm-up), workload {spec.agents.workload.kind}, agents via "
-              f"{spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}", highlight=False, soft_wrap=True)
+    iterations = {p.iterations for p in plan.points}
+    kinds = {p.point.workload.kind for p in plan.points}
+    jobs = f" ({len(spec.jobs)} jobs, each alone and then together)" if spec.jobs else ""
+    out.print(f"experiment {spec.name}: {len(plan.points)} runs{jobs} on {len(plan.variants)} lab(s), "
+              f"{'/'.join(str(i) for i in sorted(iterations))} iterations each ({spec.warmup} warm-up), workload "
+              f"{'/'.join(sorted(kinds))}, agents via {spec.agents.via}, monitoring {'on' if spec.monitoring else 'off'}",
+              highlight=False, soft_wrap=True)
     table = Table()
     known = isinstance(needs, dict)
     for name in ("point", "lab", "workers+ps", "predicted GST s", "busbw Mbit/s", "faults") + \

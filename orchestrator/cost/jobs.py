@@ -69,30 +69,45 @@ def together(routes: Routes, runs: Sequence[CompiledRun], network: Network, comp
     waits = list(after) or [None] * jobs
     if not len(compute) == len(counts) == len(offsets) == len(waits) == jobs:
         raise ValueError(f"compute, iterations, starts and after must give one value for each of the {jobs} jobs")
-    counts = [min(max(1, c), JOINT_ITERATIONS) for c in counts]
+    if all(o == 0 for o in offsets) and all(w is None for w in waits):
+        counts = [min(max(1, c), JOINT_ITERATIONS) for c in counts]  # all start at once: a sample stands for the run
+    else:  # who overlaps whom depends on how long each runs: follow every iteration (MAX_WORK bounds it)
+        counts = [max(1, c) for c in counts]
     credits = {run.credit_bytes for run in runs}
     if len(credits) > 1:
         raise ValueError("jobs on one fabric share one credit (partitioning.credit_bytes)")
     schedules, nodes, ranks = merged(runs)
     job_of = {rank: j for j, span in enumerate(ranks) for rank in span}
-    resolved = [w is None for w in waits]
+    _check_no_circle(waits)
     begins = [o if w is None else IDLE_S for o, w in zip(offsets, waits)]
-    for _ in range(jobs):  # each pass fixes the start of the jobs whose predecessor's end it saw
+    # each pass starts every waiting job at its predecessor's end as the last pass saw it; a
+    # start can change what came before it (a job now overlapping the predecessor's own
+    # neighbour), so passes go on until no start moves (a chain of n waits settles in n)
+    for _ in range(2 * jobs + 1):
         run = _simulate(routes, runs, schedules, nodes, network, credits, compute, counts, begins, job_of)
         ends = [_ends(run, span, count) for span, count in zip(ranks, counts)]
-        waiting = [j for j in range(jobs) if not resolved[j] and resolved[waits[j]]]
-        if not waiting:
+        moved = False
+        for j, w in enumerate(waits):
+            if w is not None and begins[w] < IDLE_S and abs(begins[j] - ends[w][-1]) > 1e-9:
+                begins[j], moved = ends[w][-1], True
+        if not moved:
             break
-        for j in waiting:
-            begins[j], resolved[j] = ends[waits[j]][-1], True
-    if not all(resolved):
-        raise ValueError("jobs wait for each other in a circle: one of them must start on its own")
     out = []
     for j in range(jobs):
         own = ends[j]
         syncs = [own[i] - own[i - 1] - compute[j] for i in range(max(1, warmup), len(own))]
         out.append(max(0.0, sum(syncs) / len(syncs)) if syncs else max(0.0, own[0] - begins[j] - compute[j]))
     return out
+
+
+def _check_no_circle(waits: Sequence[int | None]) -> None:
+    for j in range(len(waits)):
+        seen, k = set(), j
+        while k is not None:
+            if k in seen:
+                raise ValueError("jobs wait for each other in a circle: one of them must start on its own")
+            seen.add(k)
+            k = waits[k]
 
 
 def _simulate(routes, runs, schedules, nodes, network, credits, compute, counts, begins, job_of):

@@ -23,7 +23,8 @@ HEADER = ["point", "algorithm", "GST A s", "GST B s", "B/A", "ratio A", "ratio B
 def key(point: dict) -> tuple:
     partitioning = point.get("partitioning") or {}
     return (point["topology"], point["link_rate"], point["size_bytes"], partitioning.get("partition_bytes"),
-            partitioning.get("credit_bytes"), point["algorithm"])
+            partitioning.get("credit_bytes"), point["algorithm"],
+            *(str(point.get(field)) for field in ("job", "mode", "placement")))  # jobs: alone and together apart
 
 
 @dataclass(frozen=True)

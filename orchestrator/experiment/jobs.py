@@ -86,23 +86,30 @@ def interference(entries: list[dict]) -> list[dict]:
     """Per job of a results.json with jobs: its time per synchronisation alone and together,
     measured and predicted, and the factor (together / alone) both ways, per lab variant and
     placement."""
-    alone = {(e.get("lab"), e.get("placement"), e["job"]): e for e in entries if e.get("job") and e.get("mode") == "alone"}
+    entries = [e for e in entries if isinstance(e.get("job"), str) and isinstance(e.get("lab"), str)
+               and isinstance(e.get("placement"), (str, type(None)))]  # read back: untrusted
+    alone = {(e["lab"], e.get("placement"), e["job"]): e for e in entries if e.get("mode") == "alone"}
     rows = []
     for entry in entries:
         if not entry.get("job") or entry.get("mode") != "together":
             continue
-        own = alone.get((entry.get("lab"), entry.get("placement"), entry["job"]))
+        own = alone.get((entry["lab"], entry.get("placement"), entry["job"]))
         if own is None:
             continue
         measured = [_sync(own), _sync(entry)]
         predicted = [_number((own.get("predicted") or {}).get("seconds")),
                      _number((entry.get("predicted") or {}).get("seconds"))]
+        # the factor from one model: together against the same simulation with the job alone
+        # (together less what the others add), not the alone point's back-to-back figure
+        added = ((entry.get("predicted") or {}).get("parts") or {}).get("interference")
+        joint_alone = _number(predicted[1] - added) if predicted[1] and isinstance(added, (int, float)) else None
         rows.append({"lab": entry.get("lab"), "placement": entry.get("placement"), "job": entry["job"],
                      "algorithm": entry.get("algorithm"), "servers": entry.get("workers"),
                      "alone_measured_s": measured[0], "together_measured_s": measured[1],
                      "alone_predicted_s": predicted[0], "together_predicted_s": predicted[1],
                      "factor_measured": measured[1] / measured[0] if all(measured) else None,
-                     "factor_predicted": predicted[1] / predicted[0] if all(predicted) else None})
+                     "factor_predicted": predicted[1] / (joint_alone or predicted[0]) if predicted[1] and
+                     (joint_alone or predicted[0]) else None})
     return rows
 
 

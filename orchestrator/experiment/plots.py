@@ -19,6 +19,8 @@ LINKS_PNG = "links.png"
 def _label(point: dict, varied: set[str]) -> str:
     """The algorithm, with whichever sweep axes vary in this experiment."""
     parts = [point["algorithm"]]
+    if isinstance(point.get("job"), str):  # jobs: which, alone or together, where
+        parts.append(" ".join(str(point.get(f)) for f in ("job", "mode", "placement") if point.get(f)))
     if "topology" in varied:
         parts.append(point["topology"])
     if "link_rate" in varied:

@@ -234,8 +234,8 @@ def _run_together(plan: Plan, group: list[PlannedPoint], lab, endpoints: list[dr
                   progress: Progress) -> bool:
     """Run a group's jobs at once, each on its own servers' agents (a thread per job, each
     measured as a point of its own), each from its start (`at` seconds after the group's, or
-    when the job it waits for has ended); whether a fault touched a server. Ctrl-C or an
-    error in one ends the group when the others have ended (the teardown stops them)."""
+    when the job it waits for has ended); whether a fault touched a server. An error in one
+    is raised when the others have ended; Ctrl-C stops them all (`_stop_jobs`)."""
     outcomes: list[BaseException | bool | None] = [None] * len(group)
     starts = {job.name: job.start for job in plan.spec.jobs}
     names = [p.point.job for p in group]
@@ -256,12 +256,33 @@ def _run_together(plan: Plan, group: list[PlannedPoint], lab, endpoints: list[dr
                for i, p in enumerate(group)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:  # Ctrl-C (the main thread's alone): stop every job before the teardown
+        _stop_jobs(plan, group, endpoints, entries, threads)
+        raise
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         raise failed
     return any(outcomes)
+
+
+STOP_JOBS_S = 15.0  # for the jobs' threads to end once their agents are stopped
+
+
+def _stop_jobs(plan: Plan, group: list[PlannedPoint], endpoints: list[driver.Endpoint], entries: list[dict],
+               threads: list[threading.Thread]) -> None:
+    """Interrupted while jobs run together: each job's agents are told to stop, so its
+    driver returns (its thread records what it can), and what they measured is kept; a
+    job still under way after STOP_JOBS_S is marked interrupted all the same."""
+    for planned, entry in zip(group, entries):
+        _collect_partial(ranked(endpoints, planned), planned, entry, plan.spec.warmup, len(planned.layout.workers))
+    for thread in threads:
+        thread.join(timeout=STOP_JOBS_S / len(threads))
+    for entry in entries:
+        if entry["status"] in ("running", "failed"):
+            entry["status"], entry["error"] = "interrupted", "interrupted"
 
 
 def _deploy(lab, via: str, progress: Progress) -> list[driver.Endpoint]:
@@ -407,6 +428,12 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
             interrupted = isinstance(exc, KeyboardInterrupt)
             entry["status"], entry["error"] = "interrupted", "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
             raise
+    got = {r.get("iteration") for r in outcome.records} if outcome is not None else set()
+    if outcome is not None and got != set(range(planned.iterations)):
+        entry["status"], entry["error"] = "failed", (f"framework {framework.name} reported iterations "
+                                                     f"{sorted(i for i in got if isinstance(i, int))[:10]} of "
+                                                     f"{planned.iterations}")
+        outcome = None
     if outcome is not None:
         records = sorted(outcome.records, key=lambda r: (r["iteration"], r["rank"]))
         gst = [max(r["gst_s"] for r in records if r["iteration"] == i) for i in range(planned.iterations)]

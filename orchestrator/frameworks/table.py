@@ -76,6 +76,8 @@ def register_framework(name: str, run: Callable[[Job], FrameworkResult], *, runs
         raise ValueError(f"framework {name}: run and missing must be callable")
     if not runs or not all(isinstance(r, str) for r in runs):
         raise ValueError(f"framework {name}: runs must name the algorithms its collective executes, e.g. ('ring',)")
+    if origin == "built-in" and not getattr(run, "__module__", "").startswith("orchestrator.frameworks."):
+        raise ValueError(f"framework {name}: origin built-in is the project's own: leave origin out")
     unknown = [w for w in workloads if w not in WORKLOAD_KINDS]
     if unknown:
         raise ValueError(f"framework {name}: no workload kind {unknown[0]}: use some of {', '.join(WORKLOAD_KINDS)}")

@@ -395,6 +395,10 @@ class ExperimentSpec(_Strict):
             if given:
                 raise ValueError(f"{field}: not taken with jobs: yet: leave it out")
         for index, job in enumerate(self.jobs):
+            compute = getattr(job.workload or self.agents.workload, "compute", None)
+            if compute is not None and compute.varies:
+                where = f"jobs.{index}.workload" if job.workload else "agents.workload"
+                raise ValueError(f"{where}.compute: stragglers are not taken with jobs: yet: give one duration")
             if job.algorithm.framework is not None:
                 raise ValueError(f"jobs.{index}.algorithm: a framework's job is not taken yet: use the project's "
                                  "algorithms")

@@ -146,11 +146,22 @@ def test_the_interference_table_reads_results_back_and_survives_garbage():
                 "workers": ["h0", "h2"], "status": "done", "sync_s": {"fault_free_mean": sync},
                 "predicted": {"seconds": predicted}}
 
-    results = {"points": [entry("a", "alone", 0.5, 0.4), entry("a", "together", 1.0, 0.8),
-                          entry("b", "alone", "x", None), entry("b", "together", [1], True), "not a point"]}
+    joint = entry("a", "together", 1.0, 0.8)
+    joint["predicted"]["parts"] = {"interference": 0.4}  # the model's own alone: 0.8 − 0.4
+    results = {"points": [entry("a", "alone", 0.5, 0.4), joint, entry("a", "together", 1.0, 0.8, lab="other"),
+                          entry("b", "alone", "x", None), entry("b", "together", [1], True), "not a point",
+                          {**entry("c", "alone", 1, 1), "job": ["c"]}, {**entry("c", "together", 1, 1), "lab": {}}]}
     rows = jobs.table_rows(results)
+    assert len(rows) == 2
     assert rows[0] == ["jb", "spread", "a", "ring", "2", "0.5000 / 0.4000", "1.0000 / 0.8000", "2.000 / 2.000"]
     assert rows[1][5:] == ["– / –", "– / –", "– / –"]
+
+
+def test_stragglers_are_refused_with_jobs():
+    data = _experiment(agents={"workload": {"kind": "tensors", "tensors": [1000],
+                                            "compute": {"per_rank": ["10ms", "50ms"]}}})
+    with pytest.raises(SpecError, match="agents.workload.compute: stragglers are not taken with jobs: yet"):
+        validate(ExperimentSpec, data, "jb.yaml")
 
 
 def test_a_jobs_timeline_is_its_own_and_its_server_faults_hit_only_its_servers():
