@@ -111,6 +111,9 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
     holds one buffer of it (SpecError naming the workload field, the figure and the limit)."""
     size = sum(tensors) * workloads.ITEMSIZE
     field = "sweep.sizes" if spec.sweep.sizes else "agents.workload"
+    if point.job is not None:
+        index = [job.name for job in spec.jobs].index(point.job)
+        field = f"jobs.{index}.workload" if spec.jobs[index].workload is not None else field
     try:
         check_gradient_bytes(size)
     except ValueError as exc:
@@ -121,10 +124,15 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
         raise SpecError(f"{source}: {field}: each agent needs about {need >> 20:,} MiB (the {size:,}-byte gradient and "
                         f"{AGENT_OVERHEAD_BYTES >> 20} MiB) and servers.memory is {limit >> 20:,} MiB (run {point.id}): "
                         "raise servers.memory or give a smaller size")
-    agents = len(ranks.nodes)
-    if memory is not None and agents * need > memory * AGENT_MEMORY_SHARE:
-        raise SpecError(f"{source}: {field}: {agents} agents of about {need >> 20:,} MiB each need "
-                        f"{agents * need >> 20:,} MiB (run {point.id}), more than {AGENT_MEMORY_SHARE:.0%} of the "
+    agents, total = len(ranks.nodes), len(ranks.nodes) * need
+    if point.mode == "together":  # every job's agents hold their buffers at once
+        placed = jobs.place(spec.jobs, [s.name for s in topology_of(point.lab).servers], point.placement)
+        sizes = [sum(workloads.tensors(job.workload or spec.agents.workload)) * workloads.ITEMSIZE for job in spec.jobs]
+        agents = sum(len(placed[job.name]) for job in spec.jobs)
+        total = sum(len(placed[job.name]) * (s + AGENT_OVERHEAD_BYTES) for job, s in zip(spec.jobs, sizes))
+    if memory is not None and total > memory * AGENT_MEMORY_SHARE:
+        raise SpecError(f"{source}: {field}: {agents} agents of about {total // agents >> 20:,} MiB each need "
+                        f"{total >> 20:,} MiB (run {point.id}), more than {AGENT_MEMORY_SHARE:.0%} of the "
                         f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
 
 
@@ -168,8 +176,10 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             network, topology_of(point.lab), attribute=True, **_compute(spec, point, drawn)).prediction
     except RankMismatch as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
-                        f"it needs {exc.ranks} agents (workers and parameter servers), the lab gives {exc.given}: "
-                        "name separate parameter servers with ps: [...]") from None
+                        f"it needs {exc.ranks} agents (workers and parameter servers), the "
+                        f"{'job' if point.job else 'lab'} gives {exc.given}: "
+                        + ("give the job more servers" if point.job else "name separate parameter servers with ps: [...]")) \
+            from None
     except registry.TooManyTransfers as exc:  # name what makes it big: the partitions, else the lab and algorithm
         field = ("sweep.partitionings" if spec.sweep.partitionings else "partitioning.partition_bytes") if len(parts) > 1 \
             else _algorithm_field(spec, point)

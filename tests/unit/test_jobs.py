@@ -221,3 +221,20 @@ def test_jobs_waiting_for_each_other_in_a_circle_are_refused():
     data["jobs"][0]["start"], data["jobs"][1]["start"] = {"after": "b"}, {"after": "a"}
     with pytest.raises(SpecError, match="jobs: a and b wait for each other in a circle"):
         validate(ExperimentSpec, data, "jb.yaml")
+
+
+def test_memory_is_counted_for_every_jobs_agents_when_they_run_together():
+    """Each job alone fits: two agents of a 100 MB gradient (~196 MiB each). Together four
+    agents hold their buffers at once, more than the share of 700 MiB the agents may have."""
+    data = _experiment(sweep=None)
+    data["jobs"][1]["workload"] = {"kind": "back-to-back", "size": "100MB"}
+    data["agents"]["workload"] = {"kind": "back-to-back", "size": "100MB"}
+    with pytest.raises(SpecError) as caught:
+        make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml", memory=700 << 20)
+    message = str(caught.value)
+    assert "jb.yaml: agents.workload: 4 agents of about" in message and "-a-together)" in message, message
+    assert "\n" not in message
+    data["jobs"][0]["workload"] = {"kind": "back-to-back", "size": "1MB"}
+    # b alone (2 × ~196 MiB) fits in 80 % of 600 MiB; with a's two small agents beside it, not
+    with pytest.raises(SpecError, match=r"jb.yaml: jobs.0.workload: 4 agents .* need 586 MiB .*a-together\)"):
+        make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml", memory=600 << 20)
