@@ -531,7 +531,11 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> d
     """The point's fidelity verdict from what moved while it ran."""
     cpu = {mode: after["cpu"][mode] - before["cpu"][mode] for mode in ("idle", "busy")}
     total = cpu["idle"] + cpu["busy"]
-    facts = {"cpu_idle_share": cpu["idle"] / total if total > 0 else None, "seconds": entry.get("wall_s"),
+    # a job running beside others shares links whose bytes the counters cannot tell apart, and
+    # they flow before and after its own run: its bytes are held against its whole window
+    seconds = (entry.get("bytes_per_link") or {}).get("seconds") if entry.get("mode") == "together" \
+        else entry.get("wall_s")
+    facts = {"cpu_idle_share": cpu["idle"] / total if total > 0 else None, "seconds": seconds,
              "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"),
              **{f"link_{key}": _delta(before[key], after[key]) for key in FABRIC}}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],

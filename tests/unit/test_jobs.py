@@ -238,3 +238,18 @@ def test_memory_is_counted_for_every_jobs_agents_when_they_run_together():
     # b alone (2 × ~196 MiB) fits in 80 % of 600 MiB; with a's two small agents beside it, not
     with pytest.raises(SpecError, match=r"jb.yaml: jobs.0.workload: 4 agents .* need 586 MiB .*a-together\)"):
         make_plan(validate(ExperimentSpec, data, "jb.yaml"), "jb.yaml", memory=600 << 20)
+
+
+def test_a_job_beside_others_is_judged_on_its_whole_window_not_its_own_run():
+    """The fabric counters see every job's bytes: over a together job's 3 s window a shared
+    link carried its rate's worth (another job's bytes before this one's 1 s run began).
+    Held against the 1 s run that would read as a shaper failing; against the window, not."""
+    from orchestrator.experiment.runner import _judge
+
+    rate = 1_000_000.0
+    counters = {"cpu": {"idle": 10.0, "busy": 1.0}, "bytes": {"a→b": 0}, "packets": {}, "drops": {}}
+    after = {"cpu": {"idle": 20.0, "busy": 2.0}, "bytes": {"a→b": int(3 * rate)}, "packets": {}, "drops": {}}
+    entry = {"wall_s": 1.0, "ratio": 1.0, "bytes_per_link": {"seconds": 3.0}, "mode": "together"}
+    assert _judge(entry, counters, after, rate)["verdict"] == "ok"
+    alone = {**entry, "mode": "alone"}
+    assert "its shaper did not hold" in " ".join(_judge(alone, counters, after, rate)["reasons"])
