@@ -348,6 +348,17 @@ def plan_needs(plan) -> dict:
     """{point id: CpuNeed} of an experiment plan on this machine (NotCalibrated if unknown)."""
     from orchestrator import topology
 
+    import dataclasses
+
     calibration = load()
     transport = plan.spec.agents.transport
-    return {p.point.id: need(p.prediction, topology.from_lab(p.point.lab), transport, calibration) for p in plan.points}
+    needs = {p.point.id: need(p.prediction, topology.from_lab(p.point.lab), transport, calibration) for p in plan.points}
+    groups: dict[tuple, list[str]] = {}  # jobs that run together load the machine together
+    for p in plan.points:
+        if p.point.mode == "together":
+            groups.setdefault((p.point.variant.index, p.point.placement), []).append(p.point.id)
+    for ids in groups.values():
+        cores = sum(needs[i].cores for i in ids)
+        for i in ids:
+            needs[i] = dataclasses.replace(needs[i], cores=cores)
+    return needs

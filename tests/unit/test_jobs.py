@@ -253,3 +253,21 @@ def test_a_job_beside_others_is_judged_on_its_whole_window_not_its_own_run():
     assert _judge(entry, counters, after, rate)["verdict"] == "ok"
     alone = {**entry, "mode": "alone"}
     assert "its shaper did not hold" in " ".join(_judge(alone, counters, after, rate)["reasons"])
+
+
+def test_the_cpu_need_of_jobs_together_is_the_groups(tmp_path, monkeypatch):
+    """Two jobs that share no link (packed) each need what they need alone; run together
+    they load the machine together: each together point reports the group's cores."""
+    import json
+
+    from orchestrator.experiment import calibrate
+    from tests.unit.test_cpu_need import _calibration
+
+    monkeypatch.setenv("TESTBED_STATE", str(tmp_path))
+    (tmp_path / "calibration.json").write_text(json.dumps(_calibration().to_json()))
+    plan = make_plan(validate(ExperimentSpec, _experiment(sweep={"placements": ["packed"]}), "jb.yaml"), "jb.yaml")
+    needs = calibrate.plan_needs(plan)
+    alone = [needs[p.point.id].cores for p in plan.points if p.point.mode == "alone"]
+    together = [needs[p.point.id].cores for p in plan.points if p.point.mode == "together"]
+    assert len(alone) == len(together) == 2 and all(c > 0 for c in alone)
+    assert together == pytest.approx([sum(alone)] * 2, rel=1e-6)
