@@ -19,6 +19,7 @@ predictions carry the α of the lab they are held against (latency.json).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -348,15 +349,13 @@ def plan_needs(plan) -> dict:
     """{point id: CpuNeed} of an experiment plan on this machine (NotCalibrated if unknown)."""
     from orchestrator import topology
 
-    import dataclasses
-
     calibration = load()
     transport = plan.spec.agents.transport
     needs = {p.point.id: need(p.prediction, topology.from_lab(p.point.lab), transport, calibration) for p in plan.points}
     groups: dict[tuple, list[str]] = {}  # jobs that run together load the machine together
     for p in plan.points:
-        if p.point.mode == "together":
-            groups.setdefault((p.point.variant.index, p.point.placement), []).append(p.point.id)
+        if p.point.group is not None:
+            groups.setdefault(p.point.group, []).append(p.point.id)
     for ids in groups.values():
         cores = sum(needs[i].cores for i in ids)
         for i in ids:

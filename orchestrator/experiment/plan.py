@@ -112,7 +112,7 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
     size = sum(tensors) * workloads.ITEMSIZE
     field = "sweep.sizes" if spec.sweep.sizes else "agents.workload"
     if point.job is not None:
-        index = [job.name for job in spec.jobs].index(point.job)
+        index = _job_index(spec, point)
         field = f"jobs.{index}.workload" if spec.jobs[index].workload is not None else field
     try:
         check_gradient_bytes(size)
@@ -189,7 +189,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
                         f"{exc}") from None
     field, timeline = "faults", spec.faults
     if point.job is not None:
-        index = [job.name for job in spec.jobs].index(point.job)
+        index = _job_index(spec, point)
         field, timeline = f"jobs.{index}.faults", spec.jobs[index].faults
     try:
         faults = plan_faults(timeline, topology_of(point.lab), ps=set(ranks.servers), name=point.lab.name,
@@ -205,10 +205,15 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     return PlannedPoint(point, ranks, tensors, prediction, faults, drawn, iterations)
 
 
+def _job_index(spec: ExperimentSpec, point: RunPoint) -> int:
+    """Where the file lists the point's job (`jobs.N`)."""
+    return [job.name for job in spec.jobs].index(point.job)
+
+
 def _algorithm_field(spec: ExperimentSpec, point: RunPoint) -> str:
     """Where the file names the point's algorithm."""
     if point.job is not None:
-        return f"jobs.{[job.name for job in spec.jobs].index(point.job)}.algorithm"
+        return f"jobs.{_job_index(spec, point)}.algorithm"
     return f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"
 
 
@@ -219,8 +224,8 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
     planned = [predict_point(spec, point, source, memory, latency) for point in points]
     groups: dict[tuple, list[int]] = {}
     for index, p in enumerate(planned):
-        if p.point.mode == "together":
-            groups.setdefault((p.point.variant.index, p.point.placement), []).append(index)
+        if p.point.group is not None:
+            groups.setdefault(p.point.group, []).append(index)
     for indices in groups.values():
         group = [planned[i] for i in indices]
         compiled = [_compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None)) for p in group]

@@ -219,10 +219,10 @@ def _groups(points: list[PlannedPoint]) -> list[list[PlannedPoint]]:
     out: list[list[PlannedPoint]] = []
     together: dict[tuple, list[PlannedPoint]] = {}
     for planned in points:
-        if planned.point.mode != "together":
+        key = planned.point.group
+        if key is None:
             out.append([planned])
             continue
-        key = (planned.point.variant.index, planned.point.placement)
         if key not in together:
             together[key] = []
             out.append(together[key])
@@ -341,7 +341,6 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     faults = planned.faults
     entry["status"] = "running"
     timeline = TimelineRunner(lab, faults)
-
     iterations = planned.iterations
 
     def on_iteration(iteration: int) -> None:

@@ -55,6 +55,11 @@ class RunPoint:
     def lab(self) -> LabSpec:
         return self.variant.lab
 
+    @property
+    def group(self) -> tuple | None:
+        """Jobs that run together, as one group: (lab variant, placement); None otherwise."""
+        return (self.variant.index, self.placement) if self.mode == "together" else None
+
     def describe(self) -> dict:
         return {"id": self.id, "lab": self.lab.name, "topology": self.variant.topology,
                 "link_rate": self.variant.link_rate, "size_bytes": self.size_bytes,
