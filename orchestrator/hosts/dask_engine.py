@@ -77,7 +77,11 @@ class DaskEngine:
         return cls(address, credentials(Path(state_dir) / "tls", "client"), **options)
 
     def hosts(self) -> list[str]:
-        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        # Asked of the scheduler itself: Client.scheduler_info returns a cache that the
+        # client's own periodic refresh (every 2 s, with no workers in it) may overwrite
+        # between the fetch and the return, so a connected host read as lost (CI, stop 40).
+        identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        workers = identity["workers"].values()
         prefix = RESOURCE.format("")
         return sorted(name[len(prefix):] for worker in workers for name in worker.get("resources", {})
                       if name.startswith(prefix))

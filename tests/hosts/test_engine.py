@@ -75,3 +75,20 @@ def test_a_frozen_host_is_named_from_its_missed_heartbeats(engine):
     finally:
         os.killpg(workers["x"].pid, signal.SIGCONT)
     print(f"frozen host named after {time.monotonic() - started:.1f} s (worker TTL {TTL})")
+
+
+def test_connected_hosts_are_read_as_connected_across_the_clients_own_refresh(engine):
+    """The client refreshes its cached view of the scheduler on its own (with no workers in it);
+    asked while that runs, every connected host is still named (CI once read host y as lost)."""
+    import dask
+
+    from orchestrator.hosts.dask_engine import DaskEngine
+
+    _, _, _, address, tmp_path = engine
+    with dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}):  # the refresh, often
+        often = DaskEngine.connect(tmp_path, address)
+    try:
+        reads = [often.hosts() for _ in range(300)]
+    finally:
+        often.close()
+    assert [r for r in reads if r != ["x", "y"]] == []
