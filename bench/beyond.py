@@ -8,9 +8,14 @@
   rings apart) and placed where their rings relay through the same servers (random, seeds 1
   and 11); each job's interference factor (together / alone) measured and predicted;
 - torch: PyTorch's gloo all_reduce and the project's ring on one lab (default star,8 at
-  200 Mbit, 12.5 MB back to back), each beside the model's ring, and ours over gloo's time.
+  200 Mbit, 12.5 MB back to back), each beside the model's ring, and ours over gloo's time;
+- queues: in the vm tier (Debian 12's stock kernel under qemu: this kernel has no sch_red nor
+  dctcp), a 16-server TCP mesh on star,16 at 10 Mbit, tail-drop FIFO with cubic and RED
+  marking at K = 20 packets with dctcp: the 99th percentile of every link direction's
+  queueing delay, drops and marks, and red+dctcp's p99 over fifo+cubic's
+  (tests/vm/guest/test_queues.py; about 4 minutes).
 
-    .venv/bin/python bench/beyond.py [--only stragglers,jobs,torch] [--lab star,8] [--rate 200Mbit]
+    .venv/bin/python bench/beyond.py [--only stragglers,jobs,torch,queues] [--lab star,8] [--rate 200Mbit]
                                      [--size 12.5MB] [--mean 50ms] [--sd 20ms] [--iterations 20] [--json]
 
 Runs `testbed run` (root: netns labs) on generated experiments; prints a table, or JSON
@@ -34,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator import units  # noqa: E402
 
-CASES = ("stragglers", "jobs", "torch")
+CASES = ("stragglers", "jobs", "torch", "queues")
 
 
 def _lab(args, name: str, topology: str, rate: str) -> dict:
@@ -113,6 +118,26 @@ def torch(args, tmp: Path) -> list[dict]:
     return rows
 
 
+def queues(args, tmp: Path) -> list[dict]:
+    from tests.vm import qemu
+    from tests.vm.test_vm_tier import figures, guest_pytest
+
+    try:
+        kernel = qemu.prepare()
+    except qemu.VmUnavailable as exc:
+        sys.exit(f"queues: the vm tier cannot boot here: {exc}")
+    run = qemu.run(kernel, guest_pytest("tests/vm/guest/test_queues.py -k dctcp_marks"), timeout=1200)
+    found = figures(run).get("queue_delay_mesh16")
+    if run.returncode != 0 or not found:
+        sys.exit(f"queues: the guest's mesh failed (exit {run.returncode}):\n{run.output[-3000:]}")
+    rows = [{"case": f"mesh16 {label.replace('_', '+')}", "measured_s": found[label]["p99_ms"] / 1000,
+             "predicted_s": None, "ratio": None, "p50_ms": found[label]["p50_ms"], "drops": found[label]["drops"],
+             "marks": found[label]["marks"], "kernel": kernel.package} for label in ("fifo_cubic", "red_dctcp")]
+    rows.append({"case": "p99 red+dctcp / fifo", "measured_s": rows[1]["measured_s"], "predicted_s": rows[0]["measured_s"],
+                 "ratio": found["p99_red_over_fifo"]})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(CASES), help="which cases, comma separated")
@@ -134,17 +159,21 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="beyond-") as tmp:
         for case in chosen:
-            rows += {"stragglers": stragglers, "jobs": jobs, "torch": torch}[case](args, Path(tmp))
+            rows += {"stragglers": stragglers, "jobs": jobs, "torch": torch, "queues": queues}[case](args, Path(tmp))
     if args.json:
         for row in rows:
             print(json.dumps(row))
         return
-    print(f"{'case':<22} {'measured s':>11} {'predicted s':>12} {'ratio':>7}  (jobs: factor measured / predicted)")
+    print(f"{'case':<22} {'measured s':>11} {'predicted s':>12} {'ratio':>7}  (jobs: factor measured / predicted; "
+          "mesh16: p99 queueing delay, drops, marks)")
     for row in rows:
         ratio = f"{row['ratio']:.3f}" if row.get("ratio") is not None else "-"
         factor = (f"  {row['factor_measured']:.3f} / {row['factor_predicted']:.3f}"
                   if row.get("factor_measured") and row.get("factor_predicted") else "")
-        print(f"{row['case']:<22} {row['measured_s'] or 0:>11.4f} {row['predicted_s'] or 0:>12.4f} {ratio:>7}{factor}")
+        queue = (f"  p50 {row['p50_ms']} ms, drops {row['drops']}, marks {row['marks']} ({row['kernel']})"
+                 if "marks" in row else "")
+        print(f"{row['case']:<22} {row['measured_s'] or 0:>11.4f} {row['predicted_s'] or 0:>12.4f} {ratio:>7}{factor}"
+              f"{queue}")
 
 
 if __name__ == "__main__":

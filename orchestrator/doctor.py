@@ -23,6 +23,7 @@ class Check:
 
 def run_checks() -> list[Check]:
     from orchestrator.emulation import docker_engine, features
+    from orchestrator.spec.queues import KERNEL_OPTIONS
 
     checks: list[Check] = []
     root = features.is_root()
@@ -51,6 +52,8 @@ def run_checks() -> list[Check]:
             "serves every network namespace (Debian 12's 6.1/6.12 serve only the initial one; "
             "trixie-backports' kernel does)",
             "openvswitch": "only needed for OVS switches",
+            **{kind: f"only needed for links.discipline {kind} (a kernel built with {option})"
+               for kind, option in KERNEL_OPTIONS.items()},
             "big_tcp": "optional (Linux 6.3+): labs' veths then carry 256 KiB IPv4 super-packets, "
             "which cuts the kernel's per-packet CPU",
         }

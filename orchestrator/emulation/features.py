@@ -15,10 +15,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from orchestrator.emulation import kernel
+from orchestrator.emulation import kernel, queues
 from orchestrator.errors import EmulationError, HostError, MissingFeature
+from orchestrator.spec.queues import KERNEL_OPTIONS, Codel, Red
 
-KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "big_tcp", "rdma_rxe", "openvswitch")
+_PROBE_QUEUES = {"red": Red(kind="red", min=2, max=4), "codel": Codel(kind="codel"),
+                 "fq_codel": Codel(kind="fq_codel")}
+
+KERNEL_FEATURES = ("veth", "bridge", "htb", "netem", "red", "codel", "fq_codel", "big_tcp", "rdma_rxe",
+                   "openvswitch")
 # a probe's namespace is named after its process, so `testbed clean` can tell a leftover of a
 # killed probe from one still running
 PROBE_PREFIX = "tb-probe-"
@@ -41,6 +46,11 @@ def kernel_features() -> dict[str, bool]:
             if found["veth"]:
                 found["htb"] = _try(lambda: kernel.shape(nl, probe, "p0", 10**8, 10))
                 found["netem"] = _try(lambda: kernel.shape(nl, probe, "p1", 10**8, 10, delay_s=0.001))
+            if found["htb"]:
+                for kind, probe_queue in _PROBE_QUEUES.items():  # each in turn under p0's HTB class
+                    leaf = functools.partial(queues.leaf_message, discipline=probe_queue, packets=10, mtu=1500,
+                                             rate_bps=10**8)
+                    found[kind] = _try(lambda: kernel.set_leaf(nl, probe, "p0", 10, leaf=leaf))
         found["rdma_rxe_netns"] = found["rdma_rxe"] and found["veth"] and _rxe_serves_namespace(probe, "p0")
     finally:
         kernel.delete_namespace(probe)
@@ -104,8 +114,9 @@ def available_tcp_congestion() -> list[str]:
 
 
 def tcp_congestion_available(name: str) -> bool:
-    """Registered with the kernel (built in, or its module tcp_<name> loaded)."""
-    return name in available_tcp_congestion()
+    """Registered with the kernel: built in, or its module tcp_<name> loaded (here, if the
+    kernel has it: a route naming it would load it too)."""
+    return name in available_tcp_congestion() or (_module(f"tcp_{name}") and name in available_tcp_congestion())
 
 
 def is_root() -> bool:
@@ -132,12 +143,20 @@ def require(spec) -> None:
             f"({release}) lacks it: set delay, jitter and loss to 0, or run on a kernel with "
             "sch_netem (the vm test tier and the Vagrantfile have one)"
         )
+    discipline = spec.links.discipline.kind
+    if discipline != "fifo" and not features[discipline]:
+        raise MissingFeature(
+            f"links.discipline: {discipline} needs the {discipline} qdisc, which this kernel ({release}) lacks "
+            f"({KERNEL_OPTIONS[discipline]}): use discipline fifo, or run on a kernel built with it (Debian's "
+            "stock kernels are; the vm test tier boots one)"
+        )
     congestion = spec.servers.tcp_congestion
     if not tcp_congestion_available(congestion):
         raise MissingFeature(
             f"servers.tcp_congestion: {congestion!r} is not available in this kernel ({release}; "
-            f"it has {' '.join(available_tcp_congestion())}): choose one of those, or load its "
-            f"module (modprobe tcp_{congestion})"
+            f"it has {' '.join(available_tcp_congestion())}): choose one of those, load its "
+            f"module (modprobe tcp_{congestion}), or run on a kernel built with "
+            f"CONFIG_TCP_CONG_{congestion.upper()} (Debian's stock kernels have dctcp; the vm test tier boots one)"
         )
     if spec.rdma == "softroce" and not features["rdma_rxe"]:
         raise MissingFeature(

@@ -541,7 +541,8 @@ IFLA_IFNAME, IFLA_LINKINFO, IFLA_INFO_KIND, IFLA_INFO_SLAVE_DATA, IFLA_BRPORT_IS
 IFLA_NET_NS_PID = 19
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTA_MULTIPATH = 1, 4, 5, 7, 8, 9
-RTAX_INITCWND, RTAX_INITRWND, RTAX_CC_ALGO = 11, 14, 16
+RTAX_INITCWND, RTAX_FEATURES, RTAX_INITRWND, RTAX_CC_ALGO = 11, 12, 14, 16
+RTAX_FEATURE_ECN = 1
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST = 254, 4, 1
 NDA_DST, NDA_LLADDR = 1, 2
 
@@ -593,20 +594,25 @@ def address_message(index: int, address: ipaddress.IPv4Interface) -> bytes:
 
 @dataclass(frozen=True)
 class RouteMetrics:
-    """What a route tells the TCP connections over it: their congestion control, and their
-    initial congestion and receive windows (in segments; both `initcwnd`)."""
+    """What a route tells the TCP connections over it: their congestion control, their
+    initial congestion and receive windows (in segments; both `initcwnd`), and whether they
+    ask for ECN (`ip route ... features ecn`: the SYN requests it whatever net.ipv4.tcp_ecn)."""
 
     congestion: str | None = None
     initcwnd: int | None = None
+    ecn: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.congestion or self.initcwnd)
+        return bool(self.congestion or self.initcwnd or self.ecn)
 
     def encode(self) -> bytes:
         """RTA_METRICS' nested attributes, in pyroute2's order (its NLA map's)."""
         nested = b""
         if self.initcwnd:
             nested += _attr(RTAX_INITCWND, struct.pack("=I", self.initcwnd))
+        if self.ecn:
+            nested += _attr(RTAX_FEATURES, struct.pack("=I", RTAX_FEATURE_ECN))
+        if self.initcwnd:
             nested += _attr(RTAX_INITRWND, struct.pack("=I", self.initcwnd))
         if self.congestion:
             nested += _attr(RTAX_CC_ALGO, self.congestion.encode() + b"\0")
@@ -614,7 +620,8 @@ class RouteMetrics:
 
     def __str__(self) -> str:
         return " ".join(filter(None, (self.congestion and f"congctl {self.congestion}",
-                                      self.initcwnd and f"initcwnd {self.initcwnd}")))
+                                      self.initcwnd and f"initcwnd {self.initcwnd}",
+                                      self.ecn and "features ecn")))
 
 
 def route_message(
@@ -877,13 +884,15 @@ def shape(
     delay_s: float = 0.0,
     jitter_s: float = 0.0,
     loss_percent: float = 0.0,
+    leaf: Leaf | None = None,
 ) -> None:
     """Egress shaping: HTB at `rate_bps`, under it a `queue`-packet FIFO, or netem when the
-    link has delay, jitter or loss (netem then holds the queue limit)."""
+    link has delay, jitter or loss (netem then holds the queue limit), or `leaf`'s queue (a
+    marking discipline: emulation/queues.py)."""
     index = nl.index(ns, ifname)
     nl.request(ns, tc_message(index, "add", "htb", HTB_ROOT, default=1), f"shape {ifname}")
     nl.request(ns, _htb_class(index, "add-class", rate_bps), f"shape {ifname}")
-    _leaf(nl, ns, ifname, index, "add", queue, delay_s, jitter_s, loss_percent)
+    _leaf(nl, ns, ifname, index, "add", queue, delay_s, jitter_s, loss_percent, leaf)
 
 
 def _htb_class(index: int, command: str, rate_bps: int) -> bytes:
@@ -894,11 +903,17 @@ def _htb_class(index: int, command: str, rate_bps: int) -> bytes:
                       ceil=f"{rate_bps}bit", burst=burst, cburst=burst, quantum=1514 * 8)
 
 
+# the request that puts a marking queue under interface `index`'s HTB class ("add" or "replace")
+Leaf = Callable[[int, str], bytes]
+
+
 def _leaf(nl: Netlink, ns: str | None, ifname: str, index: int, command: str, queue: int, delay_s: float,
-          jitter_s: float, loss_percent: float) -> None:
+          jitter_s: float, loss_percent: float, leaf: Leaf | None = None) -> None:
     """The queue under the HTB class: netem when the link has delay, jitter or loss (netem
-    then holds the queue limit), else a `queue`-packet FIFO."""
-    if delay_s or jitter_s or loss_percent:
+    then holds the queue limit), else `leaf`'s, else a `queue`-packet FIFO."""
+    if leaf is not None and not (delay_s or jitter_s or loss_percent):
+        nl.request(ns, leaf(index, command), f"queue discipline on {ifname}")
+    elif delay_s or jitter_s or loss_percent:
         options = {"limit": queue}
         if delay_s:
             options["delay"] = int(delay_s * 1e6)  # microseconds
@@ -920,7 +935,7 @@ RTM_DELQDISC = 37
 
 
 def set_leaf(nl: Netlink, ns: str | None, ifname: str, queue: int, delay_s: float = 0.0, jitter_s: float = 0.0,
-             loss_percent: float = 0.0) -> None:
+             loss_percent: float = 0.0, leaf: Leaf | None = None) -> None:
     """Replace a shaped interface's queue: netem with delay/jitter/loss, or the plain FIFO.
     The kernel changes a qdisc in place only within its kind (a FIFO cannot become netem),
     so the old leaf goes first (HTB puts a default FIFO under its class meanwhile)."""
@@ -928,7 +943,7 @@ def set_leaf(nl: Netlink, ns: str | None, ifname: str, queue: int, delay_s: floa
     body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, LEAF, HTB_CLASS, 0)  # tcmsg, no kind: any
     nl.request(ns, _message(RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK, body), f"queue of {ifname}",
                ok=(errno.ENOENT,))
-    _leaf(nl, ns, ifname, index, "replace", queue, delay_s, jitter_s, loss_percent)
+    _leaf(nl, ns, ifname, index, "replace", queue, delay_s, jitter_s, loss_percent, leaf)
 
 
 def read_rate(nl: Netlink, ns: str | None, ifname: str) -> int | None:
@@ -1011,15 +1026,24 @@ def link_index(message: bytes) -> int:
 
 
 RTM_GETQDISC, TCA_STATS2, TCA_STATS_QUEUE, TC_H_ROOT = 38, 7, 3, 0xFFFFFFFF
+TCA_KIND, TCA_XSTATS, TCA_STATS_APP = 1, 4, 4
 GET_QDISCS = _message(RTM_GETQDISC, NLM_F_REQUEST | 0x300, bytes(20))  # NLM_F_DUMP, an empty tcmsg
 QDISC_STATS, QUEUE_STATS = frozenset({TCA_STATS2}), frozenset({TCA_STATS_QUEUE})
+LEAF_FACTS, APP_STATS = frozenset({TCA_KIND, TCA_XSTATS, TCA_STATS2}), frozenset({TCA_STATS_APP})
+# where each marking discipline's xstats keep its ECN marks (offsets of u32 counters):
+# tc_red_xstats.marked; tc_codel_xstats.ecn_mark and .ce_mark; fq_codel's qdisc_stats' two
+MARK_OFFSETS = {"red": (12,), "codel": (24, 32), "fq_codel": (12, 28)}
 
 
 def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
-    """ifindex → {drops, overlimits, backlog, qlen} of each interface's root qdisc (one dump)."""
-    found = {}
+    """ifindex → {drops, overlimits, backlog, qlen, marks} of each interface's root qdisc (one
+    dump); `marks`: the ECN marks of a marking queue under the HTB class (0 for the others)."""
+    found, marks = {}, {}
     for message in nl.dump(ns, GET_QDISCS, f"qdiscs of {ns or 'root'}"):
-        _, ifindex, _, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
+        _, ifindex, handle, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
+        if parent == HTB_CLASS and handle == LEAF:
+            marks[ifindex] = leaf_marks(message)
+            continue
         if parent != TC_H_ROOT:
             continue
         stats = attributes(message, 36, QDISC_STATS).get(TCA_STATS2)  # after nlmsghdr + tcmsg
@@ -1027,7 +1051,21 @@ def root_qdiscs(nl: Netlink, ns: str | None) -> dict[int, dict]:
         if queue:
             qlen, backlog, drops, _, overlimits = struct.unpack_from("=5I", queue)
             found[ifindex] = {"drops": drops, "overlimits": overlimits, "backlog": backlog, "qlen": qlen}
+    for ifindex, facts in found.items():
+        facts["marks"] = marks.get(ifindex, 0)
     return found
+
+
+def leaf_marks(message: bytes) -> int:
+    """The ECN marks a qdisc dump message counts: 0 unless its kind marks."""
+    found = attributes(message, 36, LEAF_FACTS)
+    offsets = MARK_OFFSETS.get(found.get(TCA_KIND, b"").split(b"\0", 1)[0].decode())
+    if offsets is None:
+        return 0
+    xstats = found.get(TCA_XSTATS)
+    if xstats is None and TCA_STATS2 in found:
+        xstats = attributes(found[TCA_STATS2], 0, APP_STATS).get(TCA_STATS_APP)
+    return sum(struct.unpack_from("=I", xstats, o)[0] for o in offsets if xstats and o + 4 <= len(xstats))
 
 
 def parse_link(message: bytes) -> tuple[str, dict]:

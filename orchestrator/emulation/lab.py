@@ -13,6 +13,7 @@ a crash.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import subprocess
@@ -21,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
-from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft
+from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft, queues
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
@@ -362,7 +363,8 @@ class Lab:
                     kernel.set_rate(nl, ns[end.node], end.interface, rate_bps)
                 if queue_too:
                     queue = self.topology.queue_of(end.node, other.node, self.spec.links.queue)
-                    kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent)
+                    kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent,
+                                    self.leaf(end.node, other.node))
 
     def server_processes(self, server: str) -> list[dict]:
         """What runs on a server: {pid, start} of every process in a netns server's namespace
@@ -421,13 +423,26 @@ class Lab:
             values[SLOW_START_AFTER_IDLE] = str(int(self.spec.servers.tcp_slow_start_after_idle))
         return values
 
+    def leaf(self, node: str, peer: str | None) -> kernel.Leaf | None:
+        """The marking queue (links.discipline) of `node`'s link end towards `peer`, or None
+        for the FIFO; its hard limit is that link's queue, its rate the link's."""
+        links = self.spec.links
+        if links.discipline.kind == "fifo":
+            return None
+        queue = links.queue if peer is None else self.topology.queue_of(node, peer, links.queue)
+        rate = links.bandwidth if peer is None else int(self.topology.rate_of(node, peer, links.bandwidth))
+        return functools.partial(queues.leaf_message, discipline=links.discipline, packets=queue, mtu=links.mtu,
+                                 rate_bps=rate)
+
     def route_metrics(self, node: str) -> kernel.RouteMetrics | None:
         """What a node's data routes tell TCP (congestion control, initial windows): servers'
         only (switches and routers forward, they do not end connections)."""
         if not self.topology.nodes[node].is_server:
             return None
         servers = self.spec.servers
-        return kernel.RouteMetrics(servers.tcp_congestion, servers.initcwnd)
+        # DCTCP reacts to ECN marks only, and the kernel negotiates ECN for it on its own; the
+        # route says so for every connection over it, as a data center's hosts are set up
+        return kernel.RouteMetrics(servers.tcp_congestion, servers.initcwnd, ecn=servers.tcp_congestion == "dctcp")
 
     def status(self) -> dict:
         from orchestrator.emulation.status import lab_status
@@ -582,12 +597,13 @@ class _Builder:
         for ifname in self.link_ends(name):
             peer = self.topology.peer(Endpoint(name, ifname))
             if peer is None:
-                kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss)
+                kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss,
+                             self.lab.leaf(name, None))
                 continue
             t, there = self.topology, peer.node
             kernel.shape(nl, space, ifname, int(t.rate_of(name, there, links.bandwidth)),
                          t.queue_of(name, there, links.queue), t.delay_of(name, there, links.delay), links.jitter,
-                         links.loss)
+                         links.loss, self.lab.leaf(name, there))
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the

@@ -46,6 +46,9 @@ COLUMNS = {
     "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
     "link_bytes_measured": lambda p: sum((p.get("bytes_per_link") or {}).get("measured", {}).values()),
+    "link_drops": lambda p: sum(_queues(p, "drops").values()),
+    "link_ecn_marks": lambda p: sum(_queues(p, "marks").values()),
+    "peak_queue_delay_s": lambda p: max(_queues(p, "peak_queue_delay_s").values(), default=None),
     "fault_events": lambda p: len(p.get("fault_events", [])), "error": lambda p: p.get("error") or "",
     "verdict": _verdict, "checker": _checker, "cpu_idle_share": lambda p: (p.get("fidelity") or {}).get("cpu_idle_share"),
     "verdict_reasons": lambda p: "; ".join((p.get("fidelity") or {}).get("reasons", [])),
@@ -56,6 +59,10 @@ ITERATION_COLUMNS = ("id", "algorithm", "iteration", "rank", "node", "gst_s", "c
 
 def _get(point: dict, key: str, field: str):
     return (point.get(key) or {}).get(field)
+
+
+def _queues(point: dict, field: str) -> dict:
+    return (point.get("queues_per_link") or {}).get(field) or {}
 
 
 def _part(point: dict, cause: str):

@@ -234,6 +234,14 @@ class _Moved(_Model):
     seconds: Number = None
 
 
+class _Queues(_Model):
+    drops: dict[str, float] = {}
+    marks: dict[str, float] = {}
+    reads: Optional[int] = None
+    peak_backlog_bytes: dict[str, float] = {}
+    peak_queue_delay_s: dict[str, float] = {}
+
+
 class _FaultEvent(_Model):
     action: str
     target: str
@@ -295,6 +303,7 @@ class _Point(_Model):
     algbw_bytes_per_s: Number = None
     busbw_bytes_per_s: Number = None
     bytes_per_link: Optional[_Moved] = None
+    queues_per_link: Optional[_Queues] = None
     fault_events: list[_FaultEvent] = []
     under_faults: list[_UnderFault] = []
     fidelity: Optional[_Fidelity] = None

@@ -34,6 +34,7 @@ from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
+from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
@@ -394,16 +395,22 @@ def _measured(lab, entry: dict, events: Callable[[], list[dict]] = list) -> Iter
     fabric = _collector(lab)
     counters = {"before": _fabric(fabric)}
     window = (time.time(), time.monotonic())
+    peaks = QueuePeaks(fabric)
     try:
-        yield counters
+        with peaks:
+            yield counters
     finally:
         counters["after"] = after = _fabric(fabric)
         fabric.close()
         seconds = time.monotonic() - window[1]
+        before = counters["before"]
         entry["window"] = {"start": window[0], "end": window[0] + seconds}  # Unix times: Prometheus's range
         entry["fault_events"] = events()
-        entry["bytes_per_link"] = {"measured": _delta(counters["before"]["bytes"], after["bytes"]), "seconds": seconds,
+        entry["bytes_per_link"] = {"measured": _delta(before["bytes"], after["bytes"]), "seconds": seconds,
                                    "predicted_per_allreduce": entry["predicted"]["link_bytes"]}
+        # what the queues did: drops and ECN marks per direction, and the deepest each got
+        entry["queues_per_link"] = {"drops": _delta(before["drops"], after["drops"]),
+                                    "marks": _delta(before["marks"], after["marks"]), **peaks.result()}
 
 
 def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, progress: Progress) -> bool:
@@ -507,11 +514,11 @@ def _check(result: driver.RunResult, kind: str | None) -> dict:
 
 
 FABRIC = {"bytes": "testbed_link_transmit_bytes", "packets": "testbed_link_transmit_packets",
-          "drops": "testbed_link_qdisc_drops"}
+          "drops": "testbed_link_qdisc_drops", "marks": "testbed_link_qdisc_ecn_marks"}
 
 
 def _fabric(collector: FabricCollector) -> dict[str, dict[str, int]]:
-    """Per counter (bytes, packets, drops), each fabric link direction's total so far, from
+    """Per counter (bytes, packets, drops, ECN marks), each fabric link direction's total so far, from
     the kernel as the exporter reads it; plus the host's CPU seconds (idle, busy)."""
     counters: dict[str, dict[str, int]] = {key: {} for key in FABRIC}
     counters["cpu"] = host_cpu()
@@ -536,9 +543,9 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> d
         else entry.get("wall_s")
     facts = {"cpu_idle_share": cpu["idle"] / total if total > 0 else None, "seconds": seconds,
              "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"),
-             **{f"link_{key}": _delta(before[key], after[key]) for key in FABRIC}}
+             **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],
-            "drops": sum(facts["link_drops"].values())}
+            "drops": sum(facts["link_drops"].values()), "marks": sum(facts["link_marks"].values())}
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -251,6 +251,10 @@ def fabric() -> board.Dashboard:
               (f"topk(10, {rate('testbed_link_qdisc_overlimits_total')})", "{{link}}")),
         graph("Queue backlog", "bytes", "Bytes queued in a direction (the ten highest).",
               (f"topk(10, {sel('testbed_link_qdisc_backlog_bytes')})", "{{link}}")),
+        graph("Queueing delay", "s", "A direction's backlog over its rate: the wait of a packet joining it now "
+              "(the ten highest).", (f"topk(10, {sel('testbed_link_queue_delay_seconds')})", "{{link}}")),
+        graph("ECN marks", "pps", "Packets a marking queue (links.discipline red, codel, fq_codel) marked CE, "
+              "per second (the ten highest).", (f"topk(10, {rate('testbed_link_qdisc_ecn_marks_total')})", "{{link}}")),
         number("Link directions down", "none", "Directions whose link has an end down or without carrier.",
                (f"sum (1 - {sel('testbed_link_up')})", "down")),
         states("Link states", "Each direction: up when both ends are up with carrier.",

@@ -4,7 +4,8 @@
 
 One process per lab, serving 127.0.0.1:PORT. Per link direction (`link="a→b"`, `src`, `dst`,
 the transmitting end's counters): bytes and packets sent, the root qdisc's drops,
-overlimits and backlog, whether both ends are up, and the configured rate. Counters come
+overlimits and backlog, the ECN marks of a marking queue (links.discipline) and the backlog's
+queueing delay, whether both ends are up, and the configured rate (the link's own, if it has one). Counters come
 from netlink dumps on raw sockets opened inside each namespace (emulation.kernel): one
 RTM_GETLINK and one RTM_GETQDISC dump per namespace per scrape, no `tc` or `ip` parsing.
 Series carry no `lab`: Prometheus adds it from the target (prometheus.py). Each direction
@@ -67,6 +68,10 @@ LINK_FAMILIES = (
     Family("testbed_link_qdisc_overlimits", "counter", "Times the direction's shaper held a packet back",
            LINK_LABELS),
     Family("testbed_link_qdisc_backlog_bytes", "gauge", "Bytes queued in the direction", LINK_LABELS),
+    Family("testbed_link_qdisc_ecn_marks", "counter", "Packets the direction's queue marked CE (links.discipline "
+           "red, codel or fq_codel)", LINK_LABELS),
+    Family("testbed_link_queue_delay_seconds", "gauge", "The direction's backlog over its rate: how long a packet "
+           "joining the queue now waits", LINK_LABELS),
     Family("testbed_link_up", "gauge", "1 when both ends of the link are up with carrier", LINK_LABELS),
     Family("testbed_link_rate_bytes_per_second", "gauge", "Configured rate of the direction", LINK_LABELS),
 )
@@ -278,14 +283,15 @@ class FabricCollector(Collector):
         return [(FAULT_ACTIVE, list(active.items())), (FAULT_EVENTS, list(events.items()))]
 
     def _links(self, interfaces: dict, queues: dict) -> list:
-        sent, packets, drops, over, backlog, up, rate = ([] for _ in range(7))
-        configured = float(self.lab.spec.links.bandwidth) / 8
+        sent, packets, drops, over, backlog, marks, delay, up, rate = ([] for _ in range(9))
+        topology, default_bps = self.lab.topology, self.lab.spec.links.bandwidth
         for link, directions in self.directions:
             ends = {(e.node, e.interface): interfaces.get(e.node, {}).get(e.interface)
                     for e in (link.a, link.b) if self.lab.here(e.node)}  # a wire's far end is another host's
             state = float(all(e is not None and e["up"] and e["carrier"] for e in ends.values()))
             for tx, values in directions:
                 facts = ends[(tx.node, tx.interface)]
+                configured = topology.rate_of(values[1], values[2], default_bps) / 8  # a link's own rate, if any
                 up.append((values, state))
                 rate.append((values, configured))
                 if facts is None:
@@ -297,7 +303,9 @@ class FabricCollector(Collector):
                     drops.append((values, queue["drops"]))
                     over.append((values, queue["overlimits"]))
                     backlog.append((values, queue["backlog"]))
-        return list(zip(LINK_FAMILIES, (sent, packets, drops, over, backlog, up, rate)))
+                    marks.append((values, queue["marks"]))
+                    delay.append((values, queue["backlog"] / configured))
+        return list(zip(LINK_FAMILIES, (sent, packets, drops, over, backlog, marks, delay, up, rate)))
 
 
 def keep_targets(lab, path: Path) -> None:

@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from orchestrator import files, units
+from orchestrator.spec import queues
 
 # Lab names become parts of directory and namespace names; the CLI checks every lab name it
 # is given against the same rule.
@@ -401,15 +402,26 @@ class LinksSpec(_Strict):
     delay: NetemTime = 0.0
     jitter: NetemTime = 0.0
     loss: Percent = 0.0
-    queue: int = Field(strict=True, default=1000, ge=1, le=MAX_QUEUE, description="packets, e.g. 1000")
+    queue: int = Field(strict=True, default=1000, ge=1, le=MAX_QUEUE,
+                       description="packets, e.g. 1000; or {packets, discipline, ...} (spec/queues.py)")
+    discipline: queues.Discipline = Field(default_factory=queues.Fifo,
+                                          description="fifo, or {kind: red | codel | fq_codel, ...}")
     mtu: int = Field(strict=True, default=1500, ge=MIN_MTU, le=MAX_MTU, description="bytes; 9000 for jumbo frames")
     overrides: tuple[LinkOverride, ...] = Field((), max_length=MAX_LINK_OVERRIDES,
                                           description="links with a rate, delay or queue of their own, e.g. "
                                                       "[{link: l0-s0, bandwidth: 50Mbit, delay: 2ms, queue: 100}]")
 
+    _hoist_queue = model_validator(mode="before")(queues.hoist_queue)
+
     @property
     def needs_netem(self) -> bool:
         return self.delay > 0 or self.jitter > 0 or self.loss > 0 or any(o.delay for o in self.overrides)
+
+    @model_validator(mode="after")
+    def _discipline_fits(self) -> "LinksSpec":
+        queues.check(self.discipline, min([self.queue, *(o.queue for o in self.overrides if o.queue)]), self.mtu,
+                     self.needs_netem)
+        return self
 
     @model_validator(mode="after")
     def _jitter_needs_delay(self) -> "LinksSpec":

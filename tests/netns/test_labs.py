@@ -169,6 +169,9 @@ def test_unknown_node_is_a_clear_error(make_lab):
     ({"links.loss": 1}, "netem"),
     ({"links.overrides": [{"link": "h0-sw", "delay": "2ms"}]}, "netem"),  # one link's own delay
     ({"rdma": "softroce"}, "rdma_rxe"),
+    ({"links.queue": {"discipline": "red", "min": 20, "max": 20}}, "red"),
+    ({"links.queue": {"discipline": "codel", "ce_threshold": "1ms"}}, "codel"),
+    ({"links.queue": {"packets": 100, "discipline": "fq_codel"}}, "fq_codel"),
 ])
 def test_lab_needing_a_missing_kernel_feature_is_refused_before_building(asked, feature):
     if features.kernel_features()[feature]:
@@ -177,7 +180,19 @@ def test_lab_needing_a_missing_kernel_feature_is_refused_before_building(asked, 
     with pytest.raises(MissingFeature) as raised:
         Lab.up(spec)
     message = str(raised.value)
-    assert "\n" not in message and ("sch_netem" in message or "rdma_rxe" in message)
+    assert "\n" not in message and ("sch_netem" in message or "rdma_rxe" in message
+                                     or f"CONFIG_NET_SCH_{feature.upper()}" in message)
+    assert not LabState("refused").exists()
+    assert kernel.list_namespaces("testbed-refused-") == []
+
+
+def test_dctcp_on_a_kernel_without_it_is_refused_naming_the_kernel_option():
+    if features.tcp_congestion_available("dctcp"):
+        pytest.skip("this kernel has dctcp; the refusal path cannot be exercised here (the vm tier runs dctcp)")
+    spec = lab_from_argument("star,2", name="refused", **{"servers.runtime": "netns", "servers.tcp_congestion": "dctcp"})
+    with pytest.raises(MissingFeature, match="CONFIG_TCP_CONG_DCTCP") as raised:
+        Lab.up(spec)
+    assert "\n" not in str(raised.value)
     assert not LabState("refused").exists()
     assert kernel.list_namespaces("testbed-refused-") == []
 

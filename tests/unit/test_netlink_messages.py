@@ -46,6 +46,10 @@ def same(ours: bytes, theirs: bytes) -> None:
                           metrics=kernel.RouteMetrics("cubic", 100))),
     ({"dst": "10.1.0.0/16", "oif": 5, "metrics": {"initcwnd": 40, "initrwnd": 40}},
      kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, None)], metrics=kernel.RouteMetrics(initcwnd=40))),
+    ({"dst": "10.1.0.0/16", "oif": 5, "metrics": {"initcwnd": 100, "features": 1, "initrwnd": 100,
+                                                  "cc_algo": "dctcp"}},
+     kernel.route_message(ipaddress.IPv4Network("10.1.0.0/16"), [(5, None)],
+                          metrics=kernel.RouteMetrics("dctcp", 100, ecn=True))),
     ({"dst": "198.18.2.0/23", "oif": 9, "prefsrc": "198.18.0.1"},
      kernel.route_message(ipaddress.IPv4Network("198.18.2.0/23"), [(9, None)], source=IP("198.18.0.1"))),
 ])

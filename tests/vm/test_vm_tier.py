@@ -2,8 +2,8 @@
 
 Two kernels, each booted once per session:
 - Debian 12's stock kernel (linux-image-amd64 from this machine's apt sources, 6.1): netem
-  labs, and the refusal of soft-RoCE labs, since its rdma_rxe serves only the initial
-  network namespace;
+  labs, marking queues (RED, CoDel, FQ-CoDel) with dctcp under a mesh, and the refusal of
+  soft-RoCE labs, since its rdma_rxe serves only the initial network namespace;
 - the stock kernel of TESTBED_VM_RDMA_SUITE (default trixie-backports, whose rdma_rxe is
   per-namespace): soft-RoCE provisioning and an RDMA exchange across a lab's fabric.
 Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
@@ -97,7 +97,8 @@ def rdma_run(vm_summary, vm_runs) -> qemu.VmRun:
 
 def test_guest_tests_pass_on_debian_12s_stock_kernel(stock_run):
     assert stock_run.returncode == 0, explain(stock_run)
-    assert {"netem_rtt_ms", "netem_loss", "netem_jitter_rtt_ms"} <= figures(stock_run).keys(), explain(stock_run)
+    assert {"netem_rtt_ms", "netem_loss", "netem_jitter_rtt_ms", "queue_delay_mesh16"} <= figures(stock_run).keys(), \
+        explain(stock_run)
 
 
 def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run):

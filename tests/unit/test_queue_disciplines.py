@@ -1,0 +1,156 @@
+"""Queue disciplines (issue 32): the lab file's forms and refusals (spec/queues.py), the
+requests that install them (emulation/queues.py: CoDel's byte for byte what pyroute2 encodes;
+RED's parameters as tc derives them), and the marks read back from a qdisc dump."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.emulation import kernel, queues
+from orchestrator.spec.lab import LinksSpec
+from orchestrator.spec.queues import Codel, Red
+
+
+def links(**fields) -> LinksSpec:
+    return LinksSpec.model_validate(fields)
+
+
+def test_queue_as_a_mapping_is_the_packets_and_a_discipline_and_round_trips():
+    spec = links(queue={"packets": 200, "discipline": "red", "min": "30KB", "max": 40, "probability": 0.5})
+    assert spec.queue == 200 and isinstance(spec.discipline, Red)
+    assert spec.discipline.min.in_bytes(1500) == 30 * 1024 and spec.discipline.max.in_bytes(1500) == 40 * 1500
+    assert LinksSpec.model_validate(spec.model_dump(mode="json")) == spec
+    assert links(queue=300).discipline.kind == "fifo" and links(queue=300).queue == 300
+    codel = links(queue={"discipline": "fq_codel", "ce_threshold": "1ms"}).discipline
+    assert isinstance(codel, Codel) and codel.ce_threshold == 0.001 and codel.marks
+    assert links(queue={"packets": 50}).queue == 50
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"queue": {"discipline": "red", "min": 20, "max": 10}}, "swap them"),
+    ({"queue": {"discipline": "red", "min": 20, "max": 2000}}, "must stay below the queue's length"),
+    ({"queue": {"discipline": "codel"}, "delay": "1ms"}, "keeps netem as its queue"),
+    ({"queue": {"discipline": "pie"}}, "'fifo', 'red', 'codel', 'fq_codel'"),
+    ({"queue": {"discipline": "red", "min": 20, "max": 20, "target": "1ms"}}, "target"),
+    ({"queue": {"discipline": "red", "max": 20}}, "min"),
+    ({"queue": {"discipline": "red", "min": 2, "max": 3, "probability": 2}}, "probability"),
+    ({"queue": {"discipline": "codel", "ce_threshold": "10s"}}, "ce_threshold"),
+    ({"queue": {"discipline": "red", "min": True, "max": 3}}, "packets"),
+    ({"queue": {"discipline": "red", "min": 2, "max": 3, "ecn": False, "nodrop": True}}, "needs ecn"),
+    ({"queue": {"discipline": "codel"}, "discipline": {"kind": "red"}}, "give the discipline once"),
+])
+def test_bad_disciplines_are_refused_naming_the_field(fields, says):
+    with pytest.raises((ValidationError, ValueError)) as caught:
+        links(**fields)
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize("kind, prefix", [("codel", "cdl"), ("fq_codel", "fqc")])
+def test_codel_requests_are_what_pyroute2_encodes(kind, prefix):
+    discipline = links(queue={"packets": 300, "discipline": kind, "target": "2ms", "interval": "50ms",
+                              "ce_threshold": "1ms"}).discipline
+    ours = queues.leaf_message(7, "add", discipline, 300, 1500, 10**8)
+    batch = kernel.pyroute2().IPBatch()
+    try:
+        options = {f"{prefix}_limit": 300, f"{prefix}_ecn": 1, f"{prefix}_target": "2ms",
+                   f"{prefix}_ce_threshold": "1ms", f"{prefix}_interval": "50ms"}
+        batch.tc("add", kind, 7, kernel.LEAF, parent=kernel.HTB_CLASS, **options)
+        theirs = bytes(batch.batch)
+    finally:
+        batch.close()
+    assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:], (ours.hex(), theirs.hex())
+
+
+def tc_request(arguments: str) -> bytes | None:
+    """The RTM_NEWQDISC request tc(8) sends for `tc qdisc add dev lo parent 1:1 handle 2:
+    ARGUMENTS`, read from strace's dump of what it writes. lo has no class 1:1, so the kernel
+    refuses it (or knows no RED at all): nothing changes. None: tc computed nothing."""
+    with tempfile.TemporaryDirectory() as directory:
+        trace = Path(directory) / "trace"
+        subprocess.run(["strace", "-e", "trace=sendmsg", "-e", "write=all", "-o", str(trace), "tc", "qdisc", "add",
+                        "dev", "lo", "parent", "1:1", "handle", "2:", *arguments.split()],
+                       capture_output=True, timeout=30)
+        lines = trace.read_text().splitlines()
+    for at, line in enumerate(lines):
+        if "RTM_NEWQDISC" in line:
+            dump = itertools.takewhile(lambda text: text.startswith(" | "), lines[at + 2:])
+            return bytes.fromhex("".join(text[10:59] for text in dump))
+    return None
+
+
+needs_tc = pytest.mark.skipif(not (shutil.which("tc") and shutil.which("strace")),
+                              reason="tc and strace are needed to read tc's own request (apt-get install strace)")
+
+
+@needs_tc
+@pytest.mark.parametrize("packets, low, high, probability, ecn, rate", [
+    (200, "30000B", "90000B", 0.1, True, "100Mbit"),
+    (200, "30000B", "30000B", 1.0, True, "100Mbit"),   # DCTCP's step at K
+    (200, "30KB", "30KB", 1.0, True, "1Gbit"),   # a K tc's default burst cannot take: its advice, burst 21
+    (1000, 3, 9, 0.02, False, "10Mbit"),
+    (1000, 20, 20, 1.0, "nodrop", "10Mbit"),
+    # from 12 Gbit/s on tc counts an MTU's transmit time as 0 us and sends an idle table of zeros (we
+    # keep one tick: the average still decays); it takes no rate of 2^32 bytes/s at all
+    (100, 5, 60, 0.5, True, "10Gbit"),
+])
+def test_red_requests_are_what_tc_sends(packets, low, high, probability, ecn, rate):
+    spec = links(queue={"packets": packets, "discipline": "red", "min": low, "max": high,
+                        "probability": probability, "ecn": bool(ecn), "nodrop": ecn == "nodrop"}, bandwidth=rate)
+    red, mtu = spec.discipline, spec.mtu
+    ours = queues.leaf_message(1, "add", red, packets, mtu, spec.bandwidth)  # lo is interface 1
+    low_b, high_b = red.min.in_bytes(mtu), red.max.in_bytes(mtu)
+    burst = (2 * low_b + high_b) // (3 * mtu)
+    if burst + 1 - low_b / mtu < 1:
+        burst = 1 + low_b // mtu
+    theirs = tc_request(f"red limit {packets * mtu} min {low_b} max {high_b} avpkt {mtu} burst {burst} "
+                        f"probability {probability:g} bandwidth {spec.bandwidth}bit" + (" ecn" if ecn else "")
+                        + (" nodrop" if ecn == "nodrop" else ""))
+    assert theirs is not None
+    assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:], (ours.hex(), theirs.hex())
+
+
+def test_red_request_holds_limit_thresholds_flags_and_max_p():
+    red = links(queue={"packets": 200, "discipline": "red", "min": 20, "max": 20, "probability": 1}).discipline
+    message = queues.leaf_message(3, "replace", red, 200, 1500, 10**8)
+    assert struct.unpack_from("=H", message, 6)[0] == kernel.REPLACE
+    _, index, handle, parent, _ = struct.unpack_from("=BxxxiIII", message, 16)
+    assert (index, handle, parent) == (3, kernel.LEAF, kernel.HTB_CLASS)
+    found = kernel.attributes(message, 36)
+    assert found[1] == b"red\0"
+    options = kernel.attributes(found[2], 0)
+    limit, low, high, _, _, _, flags = struct.unpack("=IIIBBBB", options[1])
+    assert (limit, low, high, flags) == (200 * 1500, 30000, 30000, 0)
+    assert struct.unpack("=II", options[4]) == (1, 0x0F)  # TC_RED_ECN, as a bitfield
+    assert len(options[2]) == 256 and struct.unpack("=I", options[3])[0] == 0
+
+
+def qdisc_message(ifindex: int, handle: int, parent: int, kind: str, xstats: bytes, backlog=0, drops=0) -> bytes:
+    queue = struct.pack("=5I", 0, backlog, drops, 0, 0)
+    stats2 = kernel._attr(kernel.TCA_STATS_QUEUE, queue) + kernel._attr(kernel.TCA_STATS_APP, xstats)
+    body = (struct.pack("=BxxxiIII", 0, ifindex, handle, parent, 0) + kernel._attr(kernel.TCA_KIND, kind.encode() + b"\0")
+            + kernel._attr(kernel.TCA_STATS2, stats2) + kernel._attr(kernel.TCA_XSTATS, xstats))
+    return kernel._message(36, 0, body)
+
+
+@pytest.mark.parametrize("kind, xstats, marks", [
+    ("red", struct.pack("=4I", 5, 6, 7, 11), 11),
+    ("codel", struct.pack("=9I", 1, 2, 3, 4, 5, 6, 7, 8, 9), 7 + 9),
+    ("fq_codel", struct.pack("=10I", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9), 3 + 7),
+    ("pfifo", b"", 0),
+])
+def test_marks_are_read_from_the_leaf_and_given_with_the_root_qdiscs_stats(kind, xstats, marks):
+    class Dump:
+        def dump(self, ns, request, what):
+            return [qdisc_message(4, kernel.HTB_ROOT, kernel.TC_H_ROOT, "htb", b"", backlog=3000, drops=2),
+                    qdisc_message(4, kernel.LEAF, kernel.HTB_CLASS, kind, xstats)]
+
+    assert kernel.root_qdiscs(Dump(), "ns") == {4: {"drops": 2, "overlimits": 0, "backlog": 3000, "qlen": 0,
+                                                     "marks": marks}}
