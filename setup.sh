@@ -26,7 +26,7 @@ APT_PACKAGES=(
     docker.io mininet iproute2 iptables ethtool iputils-ping fping iperf3 traceroute bridge-utils
     util-linux procps psmisc kmod prometheus debootstrap ca-certificates nftables
     qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
-    daemontools openssh-client
+    daemontools openssh-client strace
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
