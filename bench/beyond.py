@@ -172,7 +172,8 @@ def main() -> None:
                   if row.get("factor_measured") and row.get("factor_predicted") else "")
         queue = (f"  p50 {row['p50_ms']} ms, drops {row['drops']}, marks {row['marks']} ({row['kernel']})"
                  if "marks" in row else "")
-        print(f"{row['case']:<22} {row['measured_s'] or 0:>11.4f} {row['predicted_s'] or 0:>12.4f} {ratio:>7}{factor}"
+        predicted = "-" if row.get("predicted_s") is None else f"{row['predicted_s']:.4f}"
+        print(f"{row['case']:<22} {row['measured_s'] or 0:>11.4f} {predicted:>12} {ratio:>7}{factor}"
               f"{queue}")
 
 
