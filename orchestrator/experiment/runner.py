@@ -519,10 +519,13 @@ FABRIC = {"bytes": "testbed_link_transmit_bytes", "packets": "testbed_link_trans
 
 def _fabric(collector: FabricCollector) -> dict[str, dict[str, int]]:
     """Per counter (bytes, packets, drops, ECN marks), each fabric link direction's total so far, from
-    the kernel as the exporter reads it; plus the host's CPU seconds (idle, busy)."""
+    the kernel as the exporter reads it; plus the CPU seconds (idle, busy) of this machine and,
+    of a lab split over hosts, of each host (`host_cpus`)."""
     counters: dict[str, dict[str, int]] = {key: {} for key in FABRIC}
     counters["cpu"] = host_cpu()
     try:
+        if hasattr(collector, "host_cpus"):
+            counters["host_cpus"] = collector.host_cpus()
         families = collector.link_families()
     except (TestbedError, OSError):
         return counters
@@ -533,18 +536,35 @@ def _fabric(collector: FabricCollector) -> dict[str, dict[str, int]]:
     return counters
 
 
+def _idle_shares(before: dict, after: dict) -> dict[str, float | None]:
+    """Idle share of each machine's CPU between two reads: this one ("") and each host's."""
+    machines = {"": (before["cpu"], after["cpu"])}
+    for host, cpu in (after.get("host_cpus") or {}).items():
+        if host in (before.get("host_cpus") or {}):
+            machines[host] = (before["host_cpus"][host], cpu)
+    shares = {}
+    for machine, (first, last) in machines.items():
+        idle, busy = (last[mode] - first[mode] for mode in ("idle", "busy"))
+        shares[machine] = idle / (idle + busy) if idle + busy > 0 else None
+    return shares
+
+
 def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> dict:
-    """The point's fidelity verdict from what moved while it ran."""
-    cpu = {mode: after["cpu"][mode] - before["cpu"][mode] for mode in ("idle", "busy")}
-    total = cpu["idle"] + cpu["busy"]
+    """The point's fidelity verdict from what moved while it ran. On a lab split over hosts the
+    CPU headroom is the least any machine had (this one, which drives, or a host)."""
+    shares = _idle_shares(before, after)
+    known = {machine: share for machine, share in shares.items() if share is not None}
+    tightest = min(known, key=known.get, default="")
     # a job running beside others shares links whose bytes the counters cannot tell apart, and
     # they flow before and after its own run: its bytes are held against its whole window
     seconds = (entry.get("bytes_per_link") or {}).get("seconds") if entry.get("mode") == "together" \
         else entry.get("wall_s")
-    facts = {"cpu_idle_share": cpu["idle"] / total if total > 0 else None, "seconds": seconds,
+    facts = {"cpu_idle_share": known.get(tightest), "cpu_idle_machine": tightest or None, "seconds": seconds,
              "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"),
              **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
+    by_host = {host: share for host, share in shares.items() if host}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],
+            **({"cpu_idle_by_host": by_host} if by_host else {}),
             "drops": sum(facts["link_drops"].values()), "marks": sum(facts["link_marks"].values())}
 
 

@@ -9,7 +9,8 @@ cost model explains it. Pure: it judges what the runner measured around the poin
   model, not the lab, is what is wrong at this point.
 
 Checks, each a row of CHECKS (name → function of the point's facts → a reason or None):
-- CPU headroom: the host's idle share while the point ran. Below MIN_IDLE the agents and the
+- CPU headroom: the host's idle share while the point ran (of a lab split over hosts, the
+  least any host had: `cpu_idle_machine` names it). Below MIN_IDLE the agents and the
   kernel's shapers compete for the CPU, and the clock, not the link, may set the pace.
 - Shaping: no link direction may carry more than its configured rate over the run (it would
   mean the shaper did not hold, so the figure is not that of the configured network).
@@ -30,9 +31,11 @@ MIN_RATIO = 0.90
 
 
 def _cpu(facts: dict) -> str | None:
-    idle = facts.get("cpu_idle_share")
+    idle, machine = facts.get("cpu_idle_share"), facts.get("cpu_idle_machine")
     if idle is not None and idle < MIN_IDLE:
-        return f"CPU {idle:.0%} idle while it ran (< {MIN_IDLE:.0%}): the machine, not the network, may set the pace"
+        where = f" on host {machine}" if machine else ""
+        return (f"CPU {idle:.0%} idle{where} while it ran (< {MIN_IDLE:.0%}): the machine, not the network, may "
+                "set the pace")
     return None
 
 

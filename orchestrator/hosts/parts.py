@@ -28,6 +28,22 @@ def families_part(name: str) -> list:
         collector.close()
 
 
+def fault_event_part(name: str, fault_id: str, phase: str, action: str, target: str, params: dict | None,
+                     at: float) -> None:
+    """On a host: one phase of a fault injected from the orchestrator, in its share's fault log
+    (what its exporter counts)."""
+    from orchestrator.emulation.lab import Lab
+
+    Lab.attach(name).state.record_fault_event(fault_id, phase, action, target, params, at)
+
+
+def cpu_part() -> dict[str, float]:
+    """On a host: its CPU seconds so far (idle, busy), as the exporter reads them."""
+    from orchestrator.monitoring.exporter import host_cpu
+
+    return host_cpu()
+
+
 def exec_part(name: str, node: str, argv: list[str], timeout: float | None):
     from orchestrator.emulation.lab import Lab
 

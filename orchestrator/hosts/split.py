@@ -23,6 +23,7 @@ import dataclasses
 import ipaddress
 import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from orchestrator.emulation import kernel
 from orchestrator.emulation.journal import LabState, check_name, global_lock, state_root, write_inside
 from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
-from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
+from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound, TestbedError
 from orchestrator.hosts import parts
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
@@ -94,10 +95,23 @@ class SplitState(LabState):
     fault changes on a host is undone there by `clean` with the rest). Whatever runs on a
     host is journalled there, by that host."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, mirror: Callable[..., object] | None = None) -> None:
         self.name = check_name(name)
         self.dir = _state_dir(name)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.mirror = mirror
+
+    def record_fault_event(self, fault_id: str, phase: str, action: str, target: str, params: dict | None = None,
+                           at: float | None = None) -> None:
+        """Journalled here, and mirrored to the lab's first host: its fabric exporter then gives
+        the faults' gauges and counts (Grafana's annotations), once, as one lab's exporter does."""
+        at = time.time() if at is None else at
+        super().record_fault_event(fault_id, phase, action, target, params, at)
+        if self.mirror is not None:
+            try:
+                self.mirror(fault_id, phase, action, target, params, at)
+            except TestbedError:
+                pass  # a host lost: the fault's own record is here, and the run names the host
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,9 @@ class SplitLab:
 
     @property
     def state(self) -> SplitState:
-        return SplitState(self.spec.name)
+        first = self.placement.hosts[0].name
+        return SplitState(self.spec.name, lambda *event: self.engine.run_on(first, parts.fault_event_part,
+                                                                           self.spec.name, *event))
 
     # agents on a split lab are started by each host's worker (Ansible into the hosts'
     # namespaces is still to come): what an experiment deploys with
@@ -318,6 +334,10 @@ class HostFabric:
             for family, samples in families:
                 merged.setdefault(family, []).extend(samples)
         return list(merged.items())
+
+    def host_cpus(self) -> dict[str, dict[str, float]]:
+        """Each host's CPU seconds so far (idle, busy): the machines the servers run on."""
+        return dict(self.lab._on_hosts(self.lab.host_names, parts.cpu_part))
 
     def close(self) -> None:
         pass

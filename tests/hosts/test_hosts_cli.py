@@ -188,7 +188,7 @@ def test_an_up_killed_midway_is_cleaned_by_name(cli):
 def test_an_experiment_runs_split_over_the_hosts(cli, tmp_path):
     """`testbed run --hosts`: the smoke experiment (star,4, a degraded link, Prometheus) with
     its lab split over the hosts: every point done, its link bytes read on both hosts, its
-    fault applied and undone, and the lab gone after."""
+    fault applied and undone, each host's CPU in its verdict, and the lab gone after."""
     run, file, hosts, state = cli
     run("run", str(Path(__file__).resolve().parents[2] / "experiments" / "smoke.yaml"), "--hosts", str(file),
         "--out", str(tmp_path / "results"))
@@ -202,6 +202,9 @@ def test_an_experiment_runs_split_over_the_hosts(cli, tmp_path):
         measured = point["bytes_per_link"]["measured"]
         assert len(measured) == 8, measured
         assert [event["undone"] is not None for event in point["fault_events"]] == [True]
+        # the verdict's CPU headroom is each host's (the least of them and this machine's)
+        by_host = point["fidelity"]["cpu_idle_by_host"]
+        assert set(by_host) == set(hosts.names) and point["fidelity"]["cpu_idle_share"] <= min(by_host.values())
     assert "ex-smoke" not in {row["name"] for row in json.loads(run("ls", "--json").stdout)}
     for host in hosts.names:
         assert not kernel.list_namespaces(hosts.netns_prefix(host)), host

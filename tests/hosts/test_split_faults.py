@@ -23,13 +23,24 @@ from orchestrator.topology.partition import Host
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with engine_on_fake_hosts(tmp_path_factory.mktemp("faults"), ["x", "y"], own_state=True) as (engine, hosts, _, _):
+    directory = tmp_path_factory.mktemp("faults")
+    with engine_on_fake_hosts(directory, ["x", "y"], own_state=True) as (engine, hosts, _, _):
         spec = lab_from_argument("fattree,4", name="spflt", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
         built = split.up(spec, engine, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
         try:
-            yield built, hosts
+            yield built, hosts, directory
         finally:
             split.down(built)
+
+
+def host_fault_log(directory, host: str, name: str, monkeypatch) -> list[dict]:
+    """The faults a host's share journals (what its fabric exporter counts), read from its
+    own state directory (engine_on_fake_hosts' `state-<host>`)."""
+    from orchestrator.emulation.journal import LabState
+
+    with monkeypatch.context() as patch:
+        patch.setenv("TESTBED_STATE", str(directory / f"state-{host}"))
+        return LabState(name).fault_events()
 
 
 def up(hosts, lab, node: str, interface: str) -> bool:
@@ -55,8 +66,8 @@ def wait_until(condition, what: str, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_fault_timeline_whose_links_cross_hosts(lab):
-    built, hosts = lab
+def test_a_fault_timeline_whose_links_cross_hosts(lab, monkeypatch):
+    built, hosts, directory = lab
     topology, host_of = built.topology, built.placement.host_of
     link = next(link for link in built.placement.crossing(topology)
                 if not topology.nodes[link.a.node].is_server and not topology.nodes[link.b.node].is_server)
@@ -80,6 +91,13 @@ def test_a_fault_timeline_whose_links_cross_hosts(lab):
         assert built.link_up(a, b) is False
     assert [r.undone is not None for r in run.events()] == [True, True]
     assert built.state.active_faults() == []
+    # the lab's first host journals them too, so its exporter gives the faults' gauges and
+    # counts (once: the other host's has none)
+    first, other = built.placement.hosts[0].name, built.placement.hosts[1].name
+    mirrored = host_fault_log(directory, first, built.name, monkeypatch)
+    assert [(f["action"], f["applied"] is not None, f["undone"] is not None) for f in mirrored] == \
+        [(f["action"], True, True) for f in built.state.fault_events()]
+    assert host_fault_log(directory, other, built.name, monkeypatch) == []
     wait_until(lambda: up(hosts, built, a, link.a.interface) and up(hosts, built, b, link.b.interface),
                "the cut link back at both ends")
     assert built.link_up(a, b) is True

@@ -48,3 +48,22 @@ def test_the_band_edges_are_ok():
 def test_missing_facts_skip_their_checks():
     assert judge({"ratio": None})["verdict"] == "ok"
     assert len(judge(GOOD | {"cpu_idle_share": 0.1, "ratio": 2.0})["reasons"]) == 2
+
+
+def test_a_split_labs_cpu_headroom_is_its_busiest_hosts():
+    """On a lab split over hosts the agents load the hosts, not the machine that drives: the
+    verdict holds the least idle machine against the bar and names it."""
+    from orchestrator.experiment.runner import _judge
+
+    def counters(idle_here: float, busy_here: float, hosts: dict[str, tuple[float, float]]) -> dict:
+        return {"cpu": {"idle": idle_here, "busy": busy_here}, "bytes": {}, "packets": {}, "drops": {}, "marks": {},
+                "host_cpus": {host: {"idle": idle, "busy": busy} for host, (idle, busy) in hosts.items()}}
+
+    before = counters(0.0, 0.0, {"x": (0.0, 0.0), "y": (0.0, 0.0)})
+    after = counters(9.0, 1.0, {"x": (8.0, 2.0), "y": (0.5, 9.5)})  # y was 5 % idle; this machine 90 %
+    judged = _judge({"wall_s": 1.0, "ratio": 1.0}, before, after, 1e6)
+    assert judged["verdict"] == "degraded" and judged["cpu_idle_share"] == 0.05
+    assert judged["cpu_idle_by_host"] == {"x": 0.8, "y": 0.05}
+    assert any("on host y" in reason for reason in judged["reasons"]), judged["reasons"]
+    one_host = _judge({"wall_s": 1.0, "ratio": 1.0}, {**before, "host_cpus": {}}, {**after, "host_cpus": {}}, 1e6)
+    assert one_host["verdict"] == "ok" and "cpu_idle_by_host" not in one_host and one_host["cpu_idle_share"] == 0.9
