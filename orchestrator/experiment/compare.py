@@ -24,7 +24,8 @@ def key(point: dict) -> tuple:
     partitioning = point.get("partitioning") or {}
     return (point["topology"], point["link_rate"], point["size_bytes"], partitioning.get("partition_bytes"),
             partitioning.get("credit_bytes"), point["algorithm"],
-            *(str(point.get(field)) for field in ("job", "mode", "placement")))  # jobs: alone and together apart
+            *(str(point.get(field)) for field in ("job", "mode", "placement")),  # jobs: alone and together apart
+            *(str(point.get(field)) for field in ("queue", "tcp_congestion")))  # swept queues and congestion
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ def _label(point: dict, varied: set[str]) -> str:
         parts.append(point["topology"])
     if "link_rate" in varied:
         parts.append(point["link_rate"])
+    for axis in ("queue", "tcp_congestion"):
+        if axis in varied:
+            parts.append(str(point.get(axis)))
     if "size_bytes" in varied:
         parts.append(f"{point['size_bytes'] / 2**20:.3g} MiB")
     if "partitioning" in varied:
@@ -40,6 +43,7 @@ def _partitioning(point: dict) -> str:
 
 def _varied(points: list[dict]) -> set[str]:
     axes = {"topology": lambda p: p["topology"], "link_rate": lambda p: p["link_rate"],
+            "queue": lambda p: p.get("queue"), "tcp_congestion": lambda p: p.get("tcp_congestion"),
             "size_bytes": lambda p: p["size_bytes"], "partitioning": _partitioning}
     return {axis for axis, read in axes.items() if len({read(p) for p in points}) > 1}
 

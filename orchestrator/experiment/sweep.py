@@ -1,7 +1,7 @@
 """Sweep expansion, pure: an experiment → its lab variants and run points, before anything runs.
 
-A lab variant is the experiment's lab with one topology and one link rate of the sweep (the
-lab's own where the sweep leaves an axis out); a run point is a variant × a size × an
+A lab variant is the experiment's lab with one topology, link rate, queue and congestion
+control of the sweep (the lab's own where the sweep leaves an axis out); a run point is a variant × a size × an
 algorithm (× a ByteScheduler partitioning where the sweep has them). The order is the order
 written: topologies, then link rates, then sizes, then partitionings, then algorithms, so points of one lab variant are contiguous and one lab serves them all.
 """
@@ -21,6 +21,8 @@ _SUFFIX_ROOM = 4  # "-v99": a lab name is at most 24 characters
 class LabVariant:
     index: int
     lab: LabSpec
+    queue: str | None = None  # the sweep's queue (its label), where the sweep has them
+    congestion: str | None = None  # the sweep's servers.tcp_congestion, where it has them
 
     @property
     def topology(self) -> str:
@@ -61,8 +63,11 @@ class RunPoint:
         return (self.variant.index, self.placement) if self.mode == "together" else None
 
     def describe(self) -> dict:
+        variant = self.variant
+        swept = {**({"queue": variant.queue} if variant.queue else {}),
+                 **({"tcp_congestion": variant.congestion} if variant.congestion else {})}
         return {"id": self.id, "lab": self.lab.name, "topology": self.variant.topology,
-                "link_rate": self.variant.link_rate, "size_bytes": self.size_bytes,
+                "link_rate": self.variant.link_rate, **swept, "size_bytes": self.size_bytes,
                 "algorithm": self.algorithm.key, "algorithm_name": self.algorithm.name,
                 "options": self.algorithm.options, "ps": self.algorithm.ps,
                 "partitioning": self.partitioning.model_dump(mode="json"),
@@ -70,18 +75,26 @@ class RunPoint:
 
 
 def variants(spec: ExperimentSpec) -> list[LabVariant]:
-    """Every topology × link rate of the sweep, named apart when there is more than one."""
-    topologies = spec.sweep.topologies or [spec.lab.topology]
-    rates = spec.sweep.link_rates or [spec.lab.links.bandwidth]
+    """Every topology × link rate × queue × congestion control of the sweep, named apart when
+    there is more than one."""
+    sweep = spec.sweep
+    topologies = sweep.topologies or [spec.lab.topology]
+    rates = sweep.link_rates or [spec.lab.links.bandwidth]
+    queue_settings = sweep.queues or [None]
+    congestions = sweep.tcp_congestion or [None]
     servers = _servers_for_frameworks(spec)
-    combos = [(t, r) for t in topologies for r in rates]
+    combos = [(t, r, q, c) for t in topologies for r in rates for q in queue_settings for c in congestions]
     out = []
-    for index, (topology, rate) in enumerate(combos):
+    for index, (topology, rate, queue, congestion) in enumerate(combos):
         name = spec.lab.name if len(combos) == 1 else f"{spec.lab.name[:24 - _SUFFIX_ROOM]}-v{index}"
+        links = {"bandwidth": rate}
+        if queue is not None:
+            links.update(discipline=queue.discipline, **({"queue": queue.packets} if queue.packets else {}))
         lab = spec.lab.model_copy(update={
-            "name": name, "topology": topology, "links": spec.lab.links.model_copy(update={"bandwidth": rate}),
-            "servers": servers})
-        out.append(LabVariant(index, LabSpec.model_validate(lab.model_dump())))  # validated again, whole
+            "name": name, "topology": topology, "links": spec.lab.links.model_copy(update=links),
+            "servers": servers.model_copy(update={"tcp_congestion": congestion}) if congestion else servers})
+        out.append(LabVariant(index, LabSpec.model_validate(lab.model_dump()),  # validated again, whole
+                              queue.label if queue is not None else None, congestion))
     return out
 
 
@@ -112,7 +125,8 @@ def expand(spec: ExperimentSpec) -> list[RunPoint]:
                 sized = workload.model_copy(update={"size": size, **({"scale": None} if "scale" in type(workload).model_fields else {})})
             for partitioning in partitionings:
                 for algorithm in spec.agents.algorithms:
-                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
+                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower(),
+                             *filter(None, (variant.queue, variant.congestion))]
                     if size is not None:
                         parts.append(_size_slug(size))
                     if spec.sweep.partitionings:
@@ -131,7 +145,8 @@ def _expand_jobs(spec: ExperimentSpec) -> list[RunPoint]:
             for mode in ("alone", "together"):
                 for job in spec.jobs:
                     workload = job.workload or spec.agents.workload
-                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower()]
+                    parts = [f"{len(points):03d}", variant.topology, variant.link_rate.lower(),
+                             *filter(None, (variant.queue, variant.congestion))]
                     if placement:
                         parts.append(placement)
                     parts += [job.name, mode]

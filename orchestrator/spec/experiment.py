@@ -35,6 +35,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
                       model_validator)
 
 from orchestrator import units
+from orchestrator.spec.queues import Setting as QueueSetting, check as check_queue
 from orchestrator.spec.compute import ComputeSpec
 from orchestrator.spec.lab import Bytes, LabSpec, Name, NodeName, Rate, TopologySpec
 from orchestrator.spec.timeline import Timeline
@@ -298,6 +299,11 @@ class SweepSpec(_Strict):
                                                   description="ByteScheduler settings, each replacing `partitioning`")
     placements: list[Literal["packed", "spread", "random"]] = Field(
         default_factory=list, max_length=3, description="with jobs: each replaces every {count} job's placement")
+    queues: list[QueueSetting] = Field(default_factory=list, max_length=20,
+                                         description="each replaces links.queue, e.g. [1000, {packets: 1000, "
+                                                     "discipline: red, min: 20, max: 20, nodrop: true}]")
+    tcp_congestion: list[Annotated[str, Field(pattern=r"^[a-z0-9_]+$", max_length=15)]] = Field(
+        default_factory=list, max_length=10, description="each replaces servers.tcp_congestion, e.g. [cubic, dctcp]")
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -347,7 +353,14 @@ class ExperimentSpec(_Strict):
                              f"{' and '.join(SIZED_KINDS)}")
         self._frameworks_fit()
         self._jobs_fit()
+        links = self.lab.links
+        for index, setting in enumerate(self.sweep.queues):  # each as the lab would take it
+            packets = setting.packets or links.queue
+            for where, queue in ((f"sweep.queues.{index}", packets),
+                                 *((f"sweep.queues.{index} on {o.link}", o.queue) for o in links.overrides if o.queue)):
+                check_queue(setting.discipline, min(packets, queue), links.mtu, self.lab.needs_netem, where)
         points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
+                  * max(1, len(self.sweep.queues)) * max(1, len(self.sweep.tcp_congestion))
                   * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings))
                   * (len(self.agents.algorithms) or 2 * len(self.jobs)) * max(1, len(self.sweep.placements)))
         if points > MAX_POINTS:

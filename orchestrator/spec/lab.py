@@ -563,6 +563,9 @@ class LabSpec(_Strict):
         for index, link in enumerate(self._graph_links):
             _delay_covers_jitter(f"topology.links.{index}.delay", link.delay, self.links.jitter)
             _queue_fits(f"topology.links.{index}.queue", link.queue, self.links.mtu)
+            if link.queue is not None or link.delay:  # the lab's discipline on a link's own queue
+                queues.check(self.links.discipline, link.queue or self.links.queue, self.links.mtu, bool(link.delay),
+                             f"topology.links.{index}: links")
         return self
 
     @model_validator(mode="after")

@@ -115,6 +115,39 @@ class Codel(_Discipline):
 Discipline = Annotated[Union[Fifo, Red, Codel], Field(discriminator="kind")]
 
 
+def _setting(value: Any) -> Any:
+    """A sweep's queue as links.queue is written: packets, or a mapping with a discipline."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"packets": value}
+    if isinstance(value, dict) and "discipline" in value:
+        rest = {k: v for k, v in value.items() if k not in ("packets", "discipline")}
+        return {**({"packets": value["packets"]} if "packets" in value else {}),
+                "discipline": {"kind": value["discipline"], **rest}}
+    return value
+
+
+class QueueSetting(BaseModel):
+    """One value of `sweep.queues`: a queue length (packets; None keeps the lab's) and its
+    discipline, written as `links.queue` is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    packets: int | None = Field(None, strict=True, ge=1, le=1_000_000)
+    discipline: Discipline = Field(default_factory=Fifo)
+
+    @property
+    def label(self) -> str:
+        """What point ids and plots call it: fifo1000, red20-20, fq_codel-ce1ms."""
+        d, size = self.discipline, f"{self.packets}" if self.packets else ""
+        if isinstance(d, Red):
+            return f"red{d.min}-{d.max}".lower()
+        if isinstance(d, Codel):
+            return d.kind + (f"-ce{d.ce_threshold * 1000:g}ms" if d.ce_threshold is not None else "")
+        return f"fifo{size}"
+
+
+Setting = Annotated[QueueSetting, BeforeValidator(_setting)]
+
+
 def hoist_queue(data: Any) -> Any:
     """`links.queue` as a mapping ({packets, discipline, ...}) into `queue` (the packets) and
     `discipline` (the rest); a plain number stays the FIFO's length."""

@@ -154,3 +154,56 @@ def test_marks_are_read_from_the_leaf_and_given_with_the_root_qdiscs_stats(kind,
 
     assert kernel.root_qdiscs(Dump(), "ns") == {4: {"drops": 2, "overlimits": 0, "backlog": 3000, "qlen": 0,
                                                      "marks": marks}}
+
+
+def _experiment(sweep: dict, links: dict | None = None):
+    from orchestrator.spec.experiment import ExperimentSpec
+    from orchestrator.spec.loader import validate
+
+    lab = {"name": "qs", "topology": {"kind": "star", "servers": 4}, "servers": {"runtime": "netns"},
+           "links": {"bandwidth": "10Mbit", **(links or {})}}
+    return validate(ExperimentSpec, {"name": "qs", "lab": lab, "sweep": sweep, "agents": {
+        "algorithms": ["ring"], "workload": {"kind": "back-to-back", "size": "1MB"}}}, "qs.yaml")
+
+
+def test_queues_and_congestion_controls_are_sweep_axes():
+    """fifo+cubic beside red+dctcp in one file: each a lab variant, named in its points' ids
+    and results, and told apart by compare and the plots."""
+    from orchestrator.experiment import compare, plots
+    from orchestrator.experiment.sweep import expand
+
+    red = {"packets": 500, "discipline": "red", "min": 20, "max": 20, "nodrop": True}
+    points = expand(_experiment({"queues": [1000, red, {"discipline": "fq_codel", "ce_threshold": "1ms"}],
+                                 "tcp_congestion": ["cubic", "dctcp"]}))
+    assert [p.id for p in points] == [
+        "000-star-4-10mbit-fifo1000-cubic-1mib-ring", "001-star-4-10mbit-fifo1000-dctcp-1mib-ring",
+        "002-star-4-10mbit-red20-20-cubic-1mib-ring", "003-star-4-10mbit-red20-20-dctcp-1mib-ring",
+        "004-star-4-10mbit-fq_codel-ce1ms-cubic-1mib-ring", "005-star-4-10mbit-fq_codel-ce1ms-dctcp-1mib-ring"]
+    labs = [p.lab for p in points]
+    assert [(lab.links.queue, lab.links.discipline.kind, lab.servers.tcp_congestion) for lab in labs] == [
+        (1000, "fifo", "cubic"), (1000, "fifo", "dctcp"), (500, "red", "cubic"), (500, "red", "dctcp"),
+        (1000, "fq_codel", "cubic"), (1000, "fq_codel", "dctcp")]
+    assert len({lab.name for lab in labs}) == 6
+    described = [p.describe() for p in points]
+    assert described[3]["queue"] == "red20-20" and described[3]["tcp_congestion"] == "dctcp"
+    assert len({compare.key(d) for d in described}) == 6
+    assert {"queue", "tcp_congestion"} <= plots._varied(described)
+    # an experiment without those axes describes its points as before (old results compare)
+    plain = expand(_experiment({}))[0].describe()
+    assert "queue" not in plain and "tcp_congestion" not in plain
+
+
+@pytest.mark.parametrize("sweep, links, says", [
+    ({"queues": [{"discipline": "red", "min": 20, "max": 2000}]}, None, "sweep.queues.0"),
+    ({"queues": [{"packets": 10, "discipline": "red", "min": 20, "max": 20}]}, None, "10 packets"),
+    ({"queues": [{"discipline": "red", "min": 20, "max": 30}]},
+     {"overrides": [{"link": "h0-sw", "queue": 25}]}, "on h0-sw"),
+    ({"queues": [{"discipline": "codel"}]}, {"delay": "1ms"}, "keeps netem"),
+    ({"tcp_congestion": ["DCTCP"]}, None, "sweep.tcp_congestion"),
+])
+def test_a_sweep_queue_the_lab_cannot_take_is_refused_in_one_line(sweep, links, says):
+    from orchestrator.errors import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        _experiment(sweep, links)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
