@@ -197,6 +197,37 @@ def test_the_verdict_is_degraded_on_an_overloaded_machine(tmp_path, cleaned):
     assert "degraded" in (tmp_path / "out" / "summary.md").read_text()
 
 
+CONGESTION = """
+name: ex-cc
+lab: {name: ex-cc, topology: {kind: star, servers: 2}, links: {bandwidth: 100Mbit}, servers: {runtime: netns}}
+agents: {via: exec, algorithms: [ring], workload: {kind: back-to-back, size: 1MB}}
+iterations: 2
+sweep: {tcp_congestion: [cubic, reno]}
+"""
+
+
+def test_a_congestion_control_sweep_runs_each_on_a_lab_of_its_own(tmp_path, cleaned):
+    """sweep.tcp_congestion: one lab per congestion control, its servers' routes set to it,
+    each point named after it in its id and its results."""
+    from orchestrator.emulation import kernel
+    from orchestrator.emulation.plan import namespace_name
+
+    cleaned += ["ex-cc-v0", "ex-cc-v1"]
+    experiment = tmp_path / "cc.yaml"
+    experiment.write_text(CONGESTION)
+    done = subprocess.run(TESTBED + ["run", str(experiment), "--out", str(tmp_path / "out"), "--keep"],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    points = json.loads((tmp_path / "out" / "results.json").read_text())["points"]
+    assert [(p["status"], p["tcp_congestion"], p["lab"]) for p in points] == [
+        ("done", "cubic", "ex-cc-v0"), ("done", "reno", "ex-cc-v1")], points
+    assert "-cubic-" in points[0]["id"] and "-reno-" in points[1]["id"]
+    for point in points:  # the kept labs: each server's routes carry its congestion control
+        routes = subprocess.run(kernel.in_netns(namespace_name(point["lab"], "h0")) + ["ip", "route", "show"],
+                                capture_output=True, text=True).stdout
+        assert f"congctl {point['tcp_congestion']}" in routes, routes
+
+
 CRASH = """
 name: ex-crash
 lab: {name: ex-crash, topology: {kind: star, servers: 4}, links: {bandwidth: 100Mbit}, servers: {runtime: netns}}
