@@ -37,8 +37,9 @@ def fault_event_part(name: str, fault_id: str, phase: str, action: str, target: 
     Lab.attach(name).state.record_fault_event(fault_id, phase, action, target, params, at)
 
 
-def cpu_part() -> dict[str, float]:
-    """On a host: its CPU seconds so far (idle, busy), as the exporter reads them."""
+def cpu_part(_name: str) -> dict[str, float]:
+    """On a host: its CPU seconds so far (idle, busy), as the exporter reads them (whichever
+    lab asks)."""
     from orchestrator.monitoring.exporter import host_cpu
 
     return host_cpu()
