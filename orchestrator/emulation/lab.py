@@ -442,7 +442,8 @@ class Lab:
         servers = self.spec.servers
         # DCTCP reacts to ECN marks only, and the kernel negotiates ECN for it on its own; the
         # route says so for every connection over it, as a data center's hosts are set up
-        return kernel.RouteMetrics(servers.tcp_congestion, servers.initcwnd, ecn=servers.tcp_congestion == "dctcp")
+        ecn = servers.tcp_congestion == "dctcp" if servers.ecn is None else servers.ecn
+        return kernel.RouteMetrics(servers.tcp_congestion, servers.initcwnd, ecn=ecn)
 
     def status(self) -> dict:
         from orchestrator.emulation.status import lab_status

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from orchestrator.emulation import kernel
+from orchestrator.spec.queues import red_wlog
 
 RTM_NEWQDISC = 36
 TCA_KIND, TCA_OPTIONS = 1, 2
@@ -63,26 +64,12 @@ def red_options(red, packets: int, mtu: int, rate_bps: int) -> bytes:
 
 
 def red_parameters(low: int, high: int, avpkt: int, probability: float, rate_bps: int) -> tuple[int, int, int, bytes]:
-    """(Wlog, Plog, Scell_log, stab) as tc computes them for these thresholds (bytes)."""
-    burst = max(1, (2 * low + high) // (3 * avpkt))
-    wlog = _ewma(low, burst, avpkt)
+    """(Wlog, Plog, Scell_log, stab) as tc computes them for these thresholds (bytes); the
+    spec refuses thresholds with no averaging weight (spec/queues.red_wlog)."""
+    wlog = red_wlog(low, high, avpkt) or 31
     plog = _plog(low, high, probability)
     scell_log, stab = _idle_damping(wlog, avpkt, rate_bps / 8)
     return wlog, plog, scell_log, stab
-
-
-def _ewma(low: int, burst: int, avpkt: int) -> int:
-    """The averaging weight 2^-Wlog that lets `burst` packets in before the average reaches min."""
-    allowed = burst + 1 - low / avpkt
-    if allowed < 1.0:  # min is more packets than the burst: tc's own advice is a bigger burst
-        burst = 1 + low // avpkt
-        allowed = burst + 1 - low / avpkt
-    weight = 0.5
-    for wlog in range(1, 32):
-        if allowed <= (1 - (1 - weight) ** burst) / weight:
-            return wlog
-        weight /= 2
-    return 31
 
 
 def _plog(low: int, high: int, probability: float) -> int:

@@ -564,12 +564,14 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> d
              **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
     by_host = {host: share for host, share in shares.items() if host}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],
-            **({"cpu_idle_by_host": by_host} if by_host else {}),
+            **({"cpu_idle_by_host": by_host, "cpu_idle_machine": tightest or None} if by_host else {}),
             "drops": sum(facts["link_drops"].values()), "marks": sum(facts["link_marks"].values())}
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    moved = {k: after[k] - before[k] for k in after if k in before and after[k] >= before[k]}
+    # a counter that went back started again (a queue replaced by a fault's heal, a restarted
+    # container's interface): what it counted since is what is known of the window
+    moved = {k: after[k] - before[k] if after[k] >= before[k] else after[k] for k in after if k in before}
     return dict(sorted(((k, v) for k, v in moved.items() if v > 0), key=lambda kv: -kv[1]))
 
 

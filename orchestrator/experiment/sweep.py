@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from orchestrator import frameworks, units
+from orchestrator.errors import SpecError
+from orchestrator.spec.loader import describe, one_line
 from orchestrator.spec.experiment import AlgorithmSpec, ExperimentSpec, PartitioningSpec
 from orchestrator.spec.lab import LabSpec
 
@@ -93,8 +97,13 @@ def variants(spec: ExperimentSpec) -> list[LabVariant]:
         lab = spec.lab.model_copy(update={
             "name": name, "topology": topology, "links": spec.lab.links.model_copy(update=links),
             "servers": servers.model_copy(update={"tcp_congestion": congestion}) if congestion else servers})
-        out.append(LabVariant(index, LabSpec.model_validate(lab.model_dump()),  # validated again, whole
-                              queue.label if queue is not None else None, congestion))
+        try:  # validated again, whole: a sweep's value may not fit another axis's lab
+            whole = LabSpec.model_validate(lab.model_dump())
+        except ValidationError as exc:
+            axes = [getattr(topology, "kind", None), units.format_rate(rate), queue and queue.label, congestion]
+            raise SpecError(one_line(f"sweep: lab {name} ({', '.join(str(a) for a in axes if a)}): "
+                                     f"{describe(LabSpec, exc)}")) from None
+        out.append(LabVariant(index, whole, queue.label if queue is not None else None, congestion))
     return out
 
 

@@ -354,6 +354,11 @@ class ExperimentSpec(_Strict):
         self._frameworks_fit()
         self._jobs_fit()
         links = self.lab.links
+        labels = [setting.label for setting in self.sweep.queues]
+        for index, label in enumerate(labels):
+            if label in labels[:index]:
+                raise ValueError(f"sweep.queues.{index}: the same queue as sweep.queues.{labels.index(label)} "
+                                 f"({label}): give each once")
         for index, setting in enumerate(self.sweep.queues):  # each as the lab would take it
             packets = setting.packets or links.queue
             for where, queue in ((f"sweep.queues.{index}", packets),

@@ -471,6 +471,9 @@ class ServersSpec(_Strict):
         default="cubic", pattern=r"^[a-z0-9_]+$", max_length=MAX_CONGESTION_NAME,
         description="TCP congestion control of the servers' data-plane connections, e.g. cubic, reno, bbr, dctcp",
     )
+    # ECN asked for on the servers' routes (`features ecn`): what a marking queue needs to
+    # mark rather than drop. dctcp negotiates it on its own; other controls only when asked.
+    ecn: bool | None = Field(None, description="ask for ECN on every connection (null: with dctcp only)")
     # A data center's first window, not the Internet's (Linux's 10, RFC 6928). Behind a
     # fabric whose queues hold a few hundred milliseconds, a new connection that starts at 10
     # segments spends its first seconds in slow start: a colocated PS of 27 MB on bcube,4,1 at

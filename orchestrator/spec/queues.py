@@ -8,8 +8,10 @@
 of them past `max`: min = max with probability 1 is DCTCP's step marking at K. A threshold is
 bytes with a unit (`30KB`) or packets as a bare number (of the links' MTU). `codel` and
 `fq_codel` mark by sojourn time: `ce_threshold` marks every ECN-capable packet that waited
-longer (DCTCP's use of them), `target`/`interval` are CoDel's own. The queue length in packets
-stays the hard limit in every discipline. A discipline needs its qdisc in the kernel
+longer (DCTCP's use of them), `target`/`interval` are CoDel's own. The queue length is the
+hard limit: for RED in bytes (packets × MTU, as RED counts), for the FIFO and CoDel in the
+kernel's packets, which on veths may be GSO super-packets of up to 64 KiB each (a FIFO of
+1000 then holds more bytes than RED's limit). A discipline needs its qdisc in the kernel
 (features.require names the kernel option); a link with netem delay, jitter or loss keeps netem
 as its queue, so neither goes with a marking discipline.
 """
@@ -136,13 +138,27 @@ class QueueSetting(BaseModel):
 
     @property
     def label(self) -> str:
-        """What point ids and plots call it: fifo1000, red20-20, fq_codel-ce1ms."""
-        d, size = self.discipline, f"{self.packets}" if self.packets else ""
-        if isinstance(d, Red):
-            return f"red{d.min}-{d.max}".lower()
-        if isinstance(d, Codel):
-            return d.kind + (f"-ce{d.ce_threshold * 1000:g}ms" if d.ce_threshold is not None else "")
-        return f"fifo{size}"
+        """What point ids, results and plots call it: every field it sets apart from the
+        defaults, e.g. fifo1000, red20-20-q500-nodrop, fq_codel-ce1ms-t2ms."""
+        d = self.discipline
+        parts = [d.kind + (f"{d.min}-{d.max}".lower() if isinstance(d, Red) else f"{self.packets or ''}"
+                           if d.kind == "fifo" else "")]
+        if d.kind != "fifo" and self.packets:
+            parts.append(f"q{self.packets}")
+        defaults = type(d)(**{"kind": d.kind, **({"min": d.min, "max": d.max} if isinstance(d, Red) else {})})
+        short = {"probability": "p", "ecn": "ecn", "nodrop": "nodrop", "target": "t", "interval": "i",
+                 "ce_threshold": "ce"}
+        for field, name in short.items():
+            value = getattr(d, field, None)
+            if value is None or value == getattr(defaults, field, None):
+                continue
+            if isinstance(value, bool):
+                parts.append(name if value else f"no{name}")
+            elif field == "probability":
+                parts.append(f"p{value:g}")
+            else:
+                parts.append(f"{name}{value * 1000:g}ms")
+        return "-".join(parts)
 
 
 Setting = Annotated[QueueSetting, BeforeValidator(_setting)]
@@ -164,6 +180,24 @@ def hoist_queue(data: Any) -> Any:
     return out
 
 
+def red_wlog(low: int, high: int, avpkt: int) -> int | None:
+    """RED's averaging weight 2^-Wlog, as tc derives it (iproute2's tc_red_eval_ewma): the
+    one that lets tc's default burst ((2·min + max) / 3 packets; one more than min's packets
+    where that is too few, tc's own advice) in before the average reaches min. None: no
+    weight does (min of one packet or less with a burst of two or more)."""
+    burst = max(1, (2 * low + high) // (3 * avpkt))
+    allowed = burst + 1 - low / avpkt
+    if allowed < 1.0:
+        burst = 1 + low // avpkt
+        allowed = burst + 1 - low / avpkt
+    weight = 0.5
+    for wlog in range(1, 32):
+        if allowed <= (1 - (1 - weight) ** burst) / weight:
+            return wlog
+        weight /= 2
+    return None
+
+
 def check(discipline: Fifo | Red | Codel, queue: int, mtu: int, netem: bool, where: str = "links") -> None:
     """What the fields alone cannot: thresholds within the queue, no netem on a marking queue
     (ValueError, one line)."""
@@ -182,3 +216,10 @@ def check(discipline: Fifo | Red | Codel, queue: int, mtu: int, netem: bool, whe
         if high >= limit:
             raise ValueError(f"{where}.discipline: red's max ({high} bytes) must stay below the queue's length "
                              f"({queue} packets × mtu {mtu} = {limit} bytes): raise the queue or lower max")
+        wlog = red_wlog(low, high, mtu)
+        if wlog is None:
+            raise ValueError(f"{where}.discipline: red's min ({discipline.min}) leaves its average no weight to "
+                             f"work with (tc finds none either): give min more than one packet ({mtu} bytes)")
+        if max(low, high).bit_length() + wlog >= 32:  # the kernel's red_check_params
+            raise ValueError(f"{where}.discipline: red's max ({high} bytes) is too far above its min ({low} bytes) "
+                             f"for the kernel's fixed point (its average weight is 2^-{wlog}): bring them closer, or raise min")

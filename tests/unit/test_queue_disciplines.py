@@ -45,6 +45,9 @@ def test_queue_as_a_mapping_is_the_packets_and_a_discipline_and_round_trips():
     ({"queue": {"discipline": "codel", "ce_threshold": "10s"}}, "ce_threshold"),
     ({"queue": {"discipline": "red", "min": True, "max": 3}}, "packets"),
     ({"queue": {"discipline": "red", "min": 2, "max": 3, "ecn": False, "nodrop": True}}, "needs ecn"),
+    # what tc finds no averaging weight for, and what the kernel's fixed point cannot hold
+    ({"queue": {"discipline": "red", "min": "1000B", "max": "30KB"}}, "no weight"),
+    ({"queue": {"packets": 30000, "discipline": "red", "min": 20, "max": 20000}}, "fixed point"),
     ({"queue": {"discipline": "codel"}, "discipline": {"kind": "red"}}, "give the discipline once"),
 ])
 def test_bad_disciplines_are_refused_naming_the_field(fields, says):
@@ -177,7 +180,7 @@ def test_queues_and_congestion_controls_are_sweep_axes():
                                  "tcp_congestion": ["cubic", "dctcp"]}))
     assert [p.id for p in points] == [
         "000-star-4-10mbit-fifo1000-cubic-1mib-ring", "001-star-4-10mbit-fifo1000-dctcp-1mib-ring",
-        "002-star-4-10mbit-red20-20-cubic-1mib-ring", "003-star-4-10mbit-red20-20-dctcp-1mib-ring",
+        "002-star-4-10mbit-red20-20-q500-nodrop-cubic-1mib-ring", "003-star-4-10mbit-red20-20-q500-nodrop-dctcp-1mib-ring",
         "004-star-4-10mbit-fq_codel-ce1ms-cubic-1mib-ring", "005-star-4-10mbit-fq_codel-ce1ms-dctcp-1mib-ring"]
     labs = [p.lab for p in points]
     assert [(lab.links.queue, lab.links.discipline.kind, lab.servers.tcp_congestion) for lab in labs] == [
@@ -185,7 +188,7 @@ def test_queues_and_congestion_controls_are_sweep_axes():
         (1000, "fq_codel", "cubic"), (1000, "fq_codel", "dctcp")]
     assert len({lab.name for lab in labs}) == 6
     described = [p.describe() for p in points]
-    assert described[3]["queue"] == "red20-20" and described[3]["tcp_congestion"] == "dctcp"
+    assert described[3]["queue"] == "red20-20-q500-nodrop" and described[3]["tcp_congestion"] == "dctcp"
     assert len({compare.key(d) for d in described}) == 6
     assert {"queue", "tcp_congestion"} <= plots._varied(described)
     # an experiment without those axes describes its points as before (old results compare)
@@ -200,6 +203,8 @@ def test_queues_and_congestion_controls_are_sweep_axes():
      {"overrides": [{"link": "h0-sw", "queue": 25}]}, "on h0-sw"),
     ({"queues": [{"discipline": "codel"}]}, {"delay": "1ms"}, "keeps netem"),
     ({"tcp_congestion": ["DCTCP"]}, None, "sweep.tcp_congestion"),
+    ({"queues": [{"packets": 100, "discipline": "red", "min": 20, "max": 20},
+                 {"packets": 100, "discipline": "red", "min": 20, "max": 20, "probability": 1}]}, None, "give each once"),
 ])
 def test_a_sweep_queue_the_lab_cannot_take_is_refused_in_one_line(sweep, links, says):
     from orchestrator.errors import SpecError
@@ -207,3 +212,57 @@ def test_a_sweep_queue_the_lab_cannot_take_is_refused_in_one_line(sweep, links, 
     with pytest.raises(SpecError) as caught:
         _experiment(sweep, links)
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_queue_labels_tell_apart_every_setting_that_differs():
+    from pydantic import TypeAdapter
+
+    from orchestrator.spec.queues import Setting
+
+    labels = [TypeAdapter(Setting).validate_python(value).label for value in (
+        1000, {"discipline": "fifo"}, {"packets": 100, "discipline": "red", "min": 20, "max": 20},
+        {"packets": 1000, "discipline": "red", "min": 20, "max": 20},
+        {"discipline": "red", "min": 20, "max": 20, "probability": 0.5},
+        {"discipline": "red", "min": 20, "max": 20, "ecn": False},
+        {"discipline": "red", "min": 20, "max": 20, "nodrop": True},
+        {"discipline": "codel"}, {"discipline": "codel", "target": "2ms"}, {"discipline": "fq_codel", "ce_threshold": "1ms"},
+        {"discipline": "fq_codel", "interval": "50ms"})]
+    assert len(set(labels)) == len(labels), labels
+    assert all(label == label.lower() and " " not in label for label in labels)
+
+
+def test_a_swept_value_another_axis_cannot_take_is_one_line_not_a_traceback():
+    """A RED queue fits the lab's own star, not a graph of the sweep whose link has a queue of
+    its own below RED's max: the plan says which lab and why."""
+    from orchestrator.errors import SpecError
+    from orchestrator.experiment.sweep import variants
+
+    graph = {"kind": "graph", "servers": ["a", "b"], "l2": ["s"], "links": [["a", "s"], {"a": "b", "b": "s", "queue": 10}]}
+    spec = _experiment({"topologies": [{"kind": "star", "servers": 2}, graph]},
+                       {"queue": {"discipline": "red", "min": 20, "max": 20}})
+    with pytest.raises(SpecError) as caught:
+        variants(spec)
+    message = str(caught.value)
+    assert "\n" not in message and "qs-v1" in message and "red's max" in message, message
+
+
+def test_a_counter_that_started_again_counts_what_it_counted_since():
+    """A fault's heal replaces a marking queue: its counters start from 0 again."""
+    from orchestrator.experiment.runner import _delta
+
+    assert _delta({"a→b": 500, "b→a": 10}, {"a→b": 120, "b→a": 30, "c→d": 5}) == {"a→b": 120, "b→a": 20}
+
+
+@pytest.mark.parametrize("congestion, ecn, asked", [
+    ("cubic", None, False), ("dctcp", None, True), ("cubic", True, True), ("dctcp", False, False)])
+def test_servers_ask_for_ecn_with_dctcp_or_when_told(congestion, ecn, asked):
+    from types import SimpleNamespace
+
+    from orchestrator.emulation.lab import Lab
+    from orchestrator.spec import lab_from_argument
+
+    spec = lab_from_argument("star,2", name="ecn", **{"servers.tcp_congestion": congestion, "servers.ecn": ecn})
+    lab = SimpleNamespace(spec=spec, topology=SimpleNamespace(nodes={"h0": SimpleNamespace(is_server=True)}))
+    metrics = Lab.route_metrics(lab, "h0")
+    assert metrics.ecn is asked and metrics.congestion == congestion
+    assert ("features ecn" in str(metrics)) is asked
