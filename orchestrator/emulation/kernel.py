@@ -911,9 +911,7 @@ def _leaf(nl: Netlink, ns: str | None, ifname: str, index: int, command: str, qu
           jitter_s: float, loss_percent: float, leaf: Leaf | None = None) -> None:
     """The queue under the HTB class: netem when the link has delay, jitter or loss (netem
     then holds the queue limit), else `leaf`'s, else a `queue`-packet FIFO."""
-    if leaf is not None and not (delay_s or jitter_s or loss_percent):
-        nl.request(ns, leaf(index, command), f"queue discipline on {ifname}")
-    elif delay_s or jitter_s or loss_percent:
+    if delay_s or jitter_s or loss_percent:
         options = {"limit": queue}
         if delay_s:
             options["delay"] = int(delay_s * 1e6)  # microseconds
@@ -922,6 +920,8 @@ def _leaf(nl: Netlink, ns: str | None, ifname: str, index: int, command: str, qu
         if loss_percent:
             options["loss"] = loss_percent
         nl.request(ns, tc_message(index, command, "netem", LEAF, parent=HTB_CLASS, **options), f"netem on {ifname}")
+    elif leaf is not None:
+        nl.request(ns, leaf(index, command), f"queue discipline on {ifname}")
     else:
         nl.request(ns, tc_message(index, command, "pfifo", LEAF, parent=HTB_CLASS, limit=queue), f"queue on {ifname}")
 
@@ -1026,7 +1026,7 @@ def link_index(message: bytes) -> int:
 
 
 RTM_GETQDISC, TCA_STATS2, TCA_STATS_QUEUE, TC_H_ROOT = 38, 7, 3, 0xFFFFFFFF
-TCA_KIND, TCA_XSTATS, TCA_STATS_APP = 1, 4, 4
+RTM_NEWQDISC, TCA_KIND, TCA_OPTIONS, TCA_XSTATS, TCA_STATS_APP = 36, 1, 2, 4, 4
 GET_QDISCS = _message(RTM_GETQDISC, NLM_F_REQUEST | 0x300, bytes(20))  # NLM_F_DUMP, an empty tcmsg
 QDISC_STATS, QUEUE_STATS = frozenset({TCA_STATS2}), frozenset({TCA_STATS_QUEUE})
 LEAF_FACTS, APP_STATS = frozenset({TCA_KIND, TCA_XSTATS, TCA_STATS2}), frozenset({TCA_STATS_APP})

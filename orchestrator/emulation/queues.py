@@ -18,8 +18,6 @@ from pathlib import Path
 from orchestrator.emulation import kernel
 from orchestrator.spec.queues import red_wlog
 
-RTM_NEWQDISC = 36
-TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_RED_PARMS, TCA_RED_STAB, TCA_RED_MAX_P, TCA_RED_FLAGS = 1, 2, 3, 4
 TC_RED_ECN, TC_RED_NODROP, TC_RED_FLAGS_SELECTOR = 1, 8, 0x0F  # the flags tc (iproute2 6.1) may set
 # attribute numbers, in the order pyroute2 writes them (tests compare bytes)
@@ -42,8 +40,9 @@ def leaf_message(index: int, command: str, discipline, packets: int, mtu: int, r
                   "interval": _us(discipline.interval)}
         options = b"".join(kernel._attr(number, struct.pack("=I", values[key])) for key, number in table.items()
                            if values[key] is not None)
-    body = header + kernel._attr(TCA_KIND, kind.encode() + b"\0") + kernel._attr(TCA_OPTIONS, options)
-    return kernel._message(RTM_NEWQDISC, flags, body)
+    body = (header + kernel._attr(kernel.TCA_KIND, kind.encode() + b"\0")
+            + kernel._attr(kernel.TCA_OPTIONS, options))
+    return kernel._message(kernel.RTM_NEWQDISC, flags, body)
 
 
 def _us(seconds: float) -> int:

@@ -35,7 +35,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
                       model_validator)
 
 from orchestrator import units
-from orchestrator.spec.queues import Setting as QueueSetting, check as check_queue
+from orchestrator.spec.queues import Setting as QueueSetting
 from orchestrator.spec.compute import ComputeSpec
 from orchestrator.spec.lab import Bytes, LabSpec, Name, NodeName, Rate, TopologySpec
 from orchestrator.spec.timeline import Timeline
@@ -360,10 +360,7 @@ class ExperimentSpec(_Strict):
                 raise ValueError(f"sweep.queues.{index}: the same queue as sweep.queues.{labels.index(label)} "
                                  f"({label}): give each once")
         for index, setting in enumerate(self.sweep.queues):  # each as the lab would take it
-            packets = setting.packets or links.queue
-            for where, queue in ((f"sweep.queues.{index}", packets),
-                                 *((f"sweep.queues.{index} on {o.link}", o.queue) for o in links.overrides if o.queue)):
-                check_queue(setting.discipline, min(packets, queue), links.mtu, self.lab.needs_netem, where)
+            links.check_discipline(setting.discipline, setting.packets, f"sweep.queues.{index}", self.lab.needs_netem)
         points = (max(1, len(self.sweep.topologies)) * max(1, len(self.sweep.link_rates))
                   * max(1, len(self.sweep.queues)) * max(1, len(self.sweep.tcp_congestion))
                   * max(1, len(self.sweep.sizes)) * max(1, len(self.sweep.partitionings))

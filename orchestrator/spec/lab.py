@@ -419,9 +419,20 @@ class LinksSpec(_Strict):
 
     @model_validator(mode="after")
     def _discipline_fits(self) -> "LinksSpec":
-        queues.check(self.discipline, min([self.queue, *(o.queue for o in self.overrides if o.queue)]), self.mtu,
-                     self.needs_netem)
+        self.check_discipline(self.discipline)
         return self
+
+    def check_discipline(self, discipline: queues.Discipline, queue: int | None = None, where: str = "links",
+                         netem: bool | None = None) -> None:
+        """`discipline` on these links (ValueError, one line): against `queue` (default the
+        links' own) and each override's own queue, which it names; `netem`: whether a link has
+        delay, jitter or loss (default these links')."""
+        netem = self.needs_netem if netem is None else netem
+        own = queue or self.queue
+        queues.check(discipline, own, self.mtu, netem, where)
+        for override in self.overrides:
+            if override.queue:
+                queues.check(discipline, min(own, override.queue), self.mtu, netem, f"{where} on {override.link}")
 
     @model_validator(mode="after")
     def _jitter_needs_delay(self) -> "LinksSpec":
