@@ -5,6 +5,7 @@ RED's parameters as tc derives them), and the marks read back from a qdisc dump.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import struct
 import subprocess
@@ -74,11 +75,13 @@ def test_codel_requests_are_what_pyroute2_encodes(kind, prefix):
 
 def tc_request(arguments: str) -> bytes | None:
     """The RTM_NEWQDISC request tc(8) sends for `tc qdisc add dev lo parent 1:1 handle 2:
-    ARGUMENTS`, read from strace's dump of what it writes. lo has no class 1:1, so the kernel
-    refuses it (or knows no RED at all): nothing changes. None: tc computed nothing."""
+    ARGUMENTS`, read from strace's dump of what it writes. It runs in a network namespace of
+    its own (unshare -n), whose lo has no class 1:1, so the kernel refuses it (or knows no RED
+    at all): nothing of this machine's is touched. None: tc computed nothing."""
     with tempfile.TemporaryDirectory() as directory:
         trace = Path(directory) / "trace"
-        subprocess.run(["strace", "-e", "trace=sendmsg", "-e", "write=all", "-o", str(trace), "tc", "qdisc", "add",
+        subprocess.run(["unshare", "-n", "strace", "-e", "trace=sendmsg", "-e", "write=all", "-o", str(trace), "tc",
+                        "qdisc", "add",
                         "dev", "lo", "parent", "1:1", "handle", "2:", *arguments.split()],
                        capture_output=True, timeout=30)
         lines = trace.read_text().splitlines()
@@ -89,8 +92,9 @@ def tc_request(arguments: str) -> bytes | None:
     return None
 
 
-needs_tc = pytest.mark.skipif(not (shutil.which("tc") and shutil.which("strace")),
-                              reason="tc and strace are needed to read tc's own request (apt-get install strace)")
+needs_tc = pytest.mark.skipif(not (shutil.which("tc") and shutil.which("strace") and os.geteuid() == 0),
+                              reason="tc, strace and root (for a namespace of its own) are needed to read tc's own "
+                                     "request (apt-get install strace)")
 
 
 @needs_tc
