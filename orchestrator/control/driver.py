@@ -52,7 +52,9 @@ class Epoch:
     members: tuple[int, ...]
     nodes: tuple[str, ...]
     reason: str = "start"
-    predicted_s: float | None = None  # the cost model's allreduce time for this membership
+    # the cost model's time of one allreduce alone of this membership (compute left out, as a
+    # planned prediction with stragglers has it in its per_run): scales the point's prediction
+    predicted_s: float | None = None
 
 
 @dataclass
@@ -69,6 +71,12 @@ class RunResult:
     # node's identity (its rank at the start: whose gradient it contributes)
     history: list[Epoch] = field(default_factory=list)
     identities: dict[str, int] = field(default_factory=dict)
+    # what the (last) attempt ran: its schedules and the routes its prediction took, so the
+    # same run can be priced again at other link rates (deploy/lab_agents.py)
+    compiled: CompiledRun | None = field(default=None, repr=False)
+    # each link-degrade made while the run went on, beside the model's prediction of the
+    # iterations it held (control/iterations.under_degrades): set by a lab's faithful run
+    under_faults: list[dict] = field(default_factory=list)
 
     def gst(self) -> list[float]:
         """Per iteration, the synchronisation time of the slowest agent (parameter servers
@@ -132,6 +140,7 @@ def run(
     rejoin: Callable[[set[str]], list[Endpoint]] | None = None,
     transport: str = transports.DEFAULT,
     trace: bool = False,
+    compiled: CompiledRun | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -166,6 +175,9 @@ def run(
     `transport`: how the agents move chunks (agent/transports: tcp by default, or grpc);
     `flow_paths` must then read the connections to that transport's port. `trace`: every
     agent records each transfer's times (`RunResult.transfers`), to hold beside the model's.
+    `compiled`: this run as the plan compiled it (cost/compiled.py, with its prediction on
+    `network`): an attempt over the servers it was compiled for runs it as it is, schedules
+    and prediction, instead of compiling it again (a re-formed membership compiles its own).
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -175,7 +187,7 @@ def run(
     except ValueError as exc:
         raise RunError(str(exc)) from None
     how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
-               flow_paths, transport, trace)
+               flow_paths, transport, trace, compiled)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -198,6 +210,7 @@ class _How:
     flow_paths: Callable[[], dict] | None
     transport: str = transports.DEFAULT
     trace: bool = False
+    compiled: CompiledRun | None = None  # as planned (run's `compiled`)
 
 
 @dataclass
@@ -222,11 +235,12 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     workers = [e for e in endpoints if e.role == "worker"]
     size = sum(tensors)
     try:
-        compiled = compile_run(algorithm, ctx, size, partitions(tensors, how.partition_bytes),
-                               nodes=lambda ranks: _rank_nodes(ctx, endpoints, ranks)[0],
-                               given={e.rank for e in endpoints}, credit_bytes=credit_bytes,
-                               chunk_bytes=how.chunk_bytes or chunk_bytes_for(how.transport),
-                               send_buffer_bytes=transports.get(how.transport).send_buffer)
+        parts = partitions(tensors, how.partition_bytes)
+        compiled = _as_planned(how, ctx, endpoints, parts) or compile_run(
+            algorithm, ctx, size, parts, nodes=lambda ranks: _rank_nodes(ctx, endpoints, ranks)[0],
+            given={e.rank for e in endpoints}, credit_bytes=credit_bytes,
+            chunk_bytes=how.chunk_bytes or chunk_bytes_for(how.transport),
+            send_buffer_bytes=transports.get(how.transport).send_buffer)
     except RankMismatch as exc:
         raise RunError(str(exc)) from None
     except ValueError as exc:
@@ -234,7 +248,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     schedules, ranks, nodes, chunk_bytes = compiled.schedules, compiled.ranks, list(compiled.nodes), compiled.chunk_bytes
     _, in_lab = _rank_nodes(ctx, endpoints, ranks)
     network = how.network
-    compiled = _prediction(compiled, ctx, network)
+    if compiled.network != network or (network is not None and compiled.prediction is None):
+        compiled = _prediction(compiled, ctx, network)  # a given run predicted on this network is kept
     predicted, routes = compiled.prediction, compiled.routes
     span.predicted = predicted
     paced = predicted is not None and how.pace and in_lab
@@ -295,7 +310,7 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span)
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
-    return RunResult(run_id, algorithm, results, size * 4, wall, predicted)
+    return RunResult(run_id, algorithm, results, size * 4, wall, predicted, compiled=compiled)
 
 
 MAX_REFORMS = 16  # membership changes one run survives
@@ -324,6 +339,7 @@ class _Survivor:
         self.back: list[Endpoint] = []
         self.deadline = time.monotonic() + timeout
         self.predicted: Prediction | None = None
+        self.compiled: CompiledRun | None = None
         self.retries = 0
         self.cuts: list[frozenset[frozenset[str]]] = []  # RunError.cut of each of those retries
 
@@ -349,6 +365,7 @@ class _Survivor:
                 continue
             self._predicted(span)
             self.predicted = self.predicted or result.predicted
+            self.compiled = result.compiled
             for e, got in zip(live, result.results):
                 self._keep(e.node, got.records)
                 self.last[e.node] = got
@@ -358,7 +375,7 @@ class _Survivor:
 
     def _predicted(self, span: _Span) -> None:
         if span.predicted is not None:
-            self.history[-1] = dataclasses.replace(self.history[-1], predicted_s=span.predicted.per_run)
+            self.history[-1] = dataclasses.replace(self.history[-1], predicted_s=span.predicted.seconds)
 
     def _membership(self):
         try:
@@ -463,7 +480,7 @@ class _Survivor:
                 got.error = "lost during the run"
             results.append(got)
         return RunResult(uuid.uuid4().hex[:12], self.how.algorithm, results, sum(self.how.tensors) * 4, wall,
-                         self.predicted, list(self.history), dict(self.identities))
+                         self.predicted, list(self.history), dict(self.identities), self.compiled)
 
 
 def _around_down_nics(endpoints: list[Endpoint], ctx: Context,
@@ -508,6 +525,22 @@ def _rank_nodes(ctx: Context, endpoints: list[Endpoint], ranks: int | None = Non
     if all(node in ctx.topology.nodes for node in nodes):
         return nodes, True
     return (list(ctx.nodes) if len(ctx.nodes) >= len(nodes) else [s.name for s in ctx.topology.servers]), False
+
+
+def _as_planned(how: _How, ctx: Context, endpoints: list[Endpoint], parts: list) -> CompiledRun | None:
+    """The run's given compiled run (`how.compiled`) if this attempt is the one it was
+    compiled for: the same algorithm, partitions, message size and send buffer, every rank
+    given an agent, on the servers it was placed on. None otherwise (compile this attempt)."""
+    given = how.compiled
+    if given is None or given.algorithm != how.algorithm or given.credit_bytes != how.credit_bytes:
+        return None
+    if given.send_buffer_bytes != transports.get(how.transport).send_buffer:
+        return None
+    if how.chunk_bytes and how.chunk_bytes != given.chunk_bytes:
+        return None
+    if [part for part, _ in given.schedules] != list(parts) or {e.rank for e in endpoints} != set(range(given.ranks)):
+        return None
+    return given if tuple(_rank_nodes(ctx, endpoints, given.ranks)[0]) == given.nodes else None
 
 
 def _prediction(compiled: CompiledRun, ctx: Context, network: Network | None,

@@ -46,6 +46,11 @@ class CompiledRun:
     def ranks(self) -> int:
         return len(self.nodes)
 
+    @property
+    def transfers(self) -> int:
+        """Transfers of one allreduce, all partitions (what holding this run costs)."""
+        return sum(len(step) for _, schedule in self.schedules for step in schedule.steps)
+
     def predicted(self, network: Network | None, topology: Topology | None, routes: Routes | None = None,
                   compute_s: float = 0.0, attribute: bool = False, compute=None, warmup: int = 0) -> "CompiledRun":
         """This run with the cost model's prediction on `topology` (no network or topology: none),

@@ -7,7 +7,9 @@
 their lab, so that `run` is the run `testbed run` makes with no further arguments: every
 connection paced at its fair share over the paths the connections really hashed onto, the
 cost model's prediction beside the measurement, a stall named with the dead link on its
-path. Opting out is explicit (`faithful=False`: unpaced, unpredicted).
+path, and each link-degrade made while it ran (`testbed fault`, or the API's own) priced
+over the iterations it held (`result.under_faults`). Opting out is explicit
+(`faithful=False`: unpaced, unpredicted).
 
 What the orchestrator knows of the agents (ports, addresses, window, tokens) lives in
 orchestrator/deploy/agents.py and is re-exported here.
@@ -15,6 +17,7 @@ orchestrator/deploy/agents.py and is re-exported here.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable
 
@@ -32,9 +35,11 @@ from orchestrator.deploy.agents import (
 )
 from orchestrator.collectives.context import Context
 from orchestrator.control.driver import Endpoint, RunResult, shutdown
+from orchestrator.control.iterations import degrades_of, under_degrades
+from orchestrator.cost.routes import Routes
 
 __all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
-           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop"]
+           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop", "under_faults"]
 
 
 class LabAgents(list):
@@ -52,8 +57,11 @@ class LabAgents(list):
         given). Faithful unless told otherwise: paced at fair shares over the hashed paths,
         predicted from the lab's links (`latency`: α per message, e.g. as `testbed calibrate
         --latency-only --lab` measured it; 0 leaves it out), stalls named with the link that is
-        down. `faithful=False` runs unpaced and unpredicted. `more`: driver.run's other
-        arguments (partition_bytes, credit_bytes, timeout, survive, trace, …)."""
+        down; each link-degrade with a rate in effect while it ran, beside the model's prediction
+        of the iterations it held from start to end (after the first), in
+        `result.under_faults` (as `testbed run`'s results.json has them). `faithful=False` runs
+        unpaced and unpredicted. `more`: driver.run's other arguments (partition_bytes,
+        credit_bytes, timeout, survive, trace, …)."""
         from orchestrator.cost import Network
         from orchestrator.control import driver, workloads
 
@@ -64,17 +72,41 @@ class LabAgents(list):
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency),
                              link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
-        return driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
-                          **faithful_args, **more)
+        started = time.time()
+        result = driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
+                            **faithful_args, **more)
+        if faithful:
+            result.under_faults = under_faults(self.lab, result, started, warmup=min(1, iterations - 1))
+        return result
+
+
+def under_faults(lab, result: RunResult, since: float, warmup: int = 1) -> list[dict]:
+    """The link-degrades with a rate the lab's fault log says were in effect since `since`
+    (Unix time), each beside the model's prediction of the iterations (from `warmup` on) it
+    held from start to end: the run's own schedules and routes with those links at those
+    rates (control/iterations.py). Empty for a run without a prediction or one whose
+    membership changed (a surviving run's epochs are priced by their own predictions)."""
+    compiled = result.compiled
+    if compiled is None or compiled.prediction is None or len(result.history) > 1:
+        return []
+    degrades = [d for d in degrades_of(lab.state.fault_events()) if d.end >= since]
+    if not degrades:
+        return []
+
+    def predict(rates: dict) -> float:
+        topology = copy.copy(lab.topology)  # the lab's own stays as it is
+        topology.rates = {**topology.rates, **rates}
+        pinned = compiled.routes.pinned if compiled.routes is not None else None
+        return compiled.predicted(compiled.network, topology, Routes(topology, pinned)).prediction.per_run
+
+    return under_degrades(result.records(), degrades, warmup, predict)
 
 
 def as_degraded(lab):
     """The lab's topology with the rates its active `link-degrade` faults set (both directions
     of the link each names, `A-B`, from the lab's fault log): what a run that starts now is
-    paced at and predicted with. A degrade applied or undone while the run goes on is not
-    followed (an experiment's timeline prices those iterations apart: its under_faults)."""
-    import copy
-
+    paced at and predicted with. A degrade applied or undone while the run goes on is priced
+    after it, over the iterations it held (`under_faults`); the pacing stays as it started."""
     rates = {}
     for fault in lab.state.active_faults():
         rate, ends = fault["params"].get("rate"), fault["target"].split("-")

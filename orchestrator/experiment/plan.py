@@ -6,6 +6,7 @@ cannot run before it builds anything."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -52,6 +53,9 @@ class PlannedPoint:
     faults: list  # faults.timeline.PlannedFault, in the order they fall
     compute: list[list[float]] | None = None  # stragglers' drawn compute, [iteration][worker]
     iterations: int = 1  # how many the point runs (a job's own count, else the experiment's)
+    # the schedules, routes and prediction the point runs with (`compiled_point`): kept from
+    # planning while the plan's KEEP_TRANSFERS allow, so a run compiles nothing again
+    compiled: CompiledRun | None = field(default=None, repr=False, compare=False)
 
     @property
     def size_bytes(self) -> int:
@@ -98,6 +102,11 @@ def layout(point: RunPoint, source: str, spec: ExperimentSpec | None = None) -> 
 def context(point: RunPoint, ranks: Layout) -> Context:
     return Context(len(ranks.workers), topology_of(point.lab), ranks.nodes, dict(point.algorithm.options))
 
+
+# Transfers of compiled runs a plan keeps for its run (about 1 KB each with their routes and
+# prediction: two of the largest points registry.MAX_TRANSFERS allows, ~120 MB); points past
+# it keep their prediction only and are compiled again when the run reaches them.
+KEEP_TRANSFERS = 2 * registry.MAX_TRANSFERS
 
 # What one agent holds beyond its gradient buffer (the bench of record: at most 73 MiB).
 AGENT_OVERHEAD_BYTES = 96 << 20
@@ -172,8 +181,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             drawn = workloads.drawn_compute(point.workload, len(ranks.workers), iterations)
         except ValueError as exc:
             raise SpecError(f"{source}: agents.workload.compute: {exc} (run {point.id})") from None
-        prediction = _compiled(spec, point, ranks, tensors, parts).predicted(
-            network, topology_of(point.lab), attribute=True, **_compute(spec, point, drawn)).prediction
+        compiled = _compiled(spec, point, ranks, tensors, parts).predicted(
+            network, topology_of(point.lab), attribute=True, **_compute(spec, point, drawn))
     except RankMismatch as exc:
         raise SpecError(f"{source}: run {point.id}: {point.algorithm.key} cannot run on {point.variant.topology}: "
                         f"it needs {exc.ranks} agents (workers and parameter servers), the "
@@ -202,7 +211,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             raise SpecError(f"{source}: {field}: {foreign[0].action} {foreign[0].target} is no server of job "
                             f"{point.job} ({', '.join(ranks.nodes)}): a job's server faults target its own servers "
                             f"(run {point.id})")
-    return PlannedPoint(point, ranks, tensors, prediction, faults, drawn, iterations)
+    return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled)
 
 
 def _job_index(spec: ExperimentSpec, point: RunPoint) -> int:
@@ -221,14 +230,19 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
                 latency=None) -> list[PlannedPoint]:
     """Every point planned and predicted (`predict_point`); jobs that run together, predicted
     with each other's flows (experiment/jobs.py)."""
-    planned = [predict_point(spec, point, source, memory, latency) for point in points]
+    planned, kept = [], 0
+    for point in points:
+        p = predict_point(spec, point, source, memory, latency)
+        kept += p.compiled.transfers
+        planned.append(p if kept <= KEEP_TRANSFERS else dataclasses.replace(p, compiled=None))
     groups: dict[tuple, list[int]] = {}
     for index, p in enumerate(planned):
         if p.point.group is not None:
             groups.setdefault(p.point.group, []).append(index)
     for indices in groups.values():
         group = [planned[i] for i in indices]
-        compiled = [_compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None)) for p in group]
+        compiled = [p.compiled or _compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None))
+                    for p in group]
         try:
             predicted = jobs.predict_together(spec, group, compiled, topology_of(group[0].point.lab))
         except (ValueError, ModelTooLarge) as exc:
@@ -262,15 +276,23 @@ def _compiled(spec: ExperimentSpec, point: RunPoint, ranks: Layout, tensors: lis
                        chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer)
 
 
+def compiled_point(spec: ExperimentSpec, planned: PlannedPoint) -> CompiledRun:
+    """The point's compiled run with its prediction: the one kept from planning, else built
+    again (a plan past KEEP_TRANSFERS keeps only predictions)."""
+    if planned.compiled is not None:
+        return planned.compiled
+    parts = partitions(planned.tensors, planned.point.partitioning.partition_bytes)
+    return _compiled(spec, planned.point, planned.layout, planned.tensors, parts).predicted(
+        planned.prediction.network, topology_of(planned.point.lab), **_compute(spec, planned.point, planned.compute))
+
+
 def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[tuple[str, str], float]) -> Prediction:
     """The point's prediction (same schedules, α and cores) with some link directions at other
     rates, bit/s: what the model expects of the iterations a `link-degrade` holds."""
     topology = copy.copy(topology_of(planned.point.lab))  # the cached one stays as it is
     topology.rates = {**topology.rates, **rates}
-    parts = partitions(planned.tensors, planned.point.partitioning.partition_bytes)
-    compiled = _compiled(spec, planned.point, planned.layout, planned.tensors, parts)
-    return compiled.predicted(planned.prediction.network, topology,
-                              **_compute(spec, planned.point, planned.compute)).prediction
+    return compiled_point(spec, planned).predicted(planned.prediction.network, topology,
+                                                   **_compute(spec, planned.point, planned.compute)).prediction
 
 
 def _compute(spec: ExperimentSpec, point: RunPoint, drawn: list[list[float]] | None) -> dict:

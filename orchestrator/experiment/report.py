@@ -217,7 +217,8 @@ def write_summary(results: dict, path: Path) -> Path:
         lines += ["", "## Under faults", "", "Each link-degrade with a rate beside the model's prediction for the same "
                   "schedules with that link at that rate, over the iterations it held from start to end:", "",
                   "| point | fault | iterations | sync s | predicted s | ratio |", "|---|---|---|---|---|---|"]
-        lines += [f"| {pid} | {u['action']} {u['target']} to {u['rate']} | {_iterations(u['iterations'])} | "
+        lines += [f"| {pid} | {u['action']} {u['target']} to {u['rate']}"
+                  f"{' with ' + ', '.join(u['alongside']) if u.get('alongside') else ''} | {_iterations(u['iterations'])} | "
                   f"{_seconds(u.get('measured_s'))} | {_seconds(u.get('predicted_s'))} | "
                   f"{'–' if u.get('ratio') is None else format(u['ratio'], '.3f')} |" for pid, u in held]
     checked = [p for p in results["points"] if (p.get("checker") or {}).get("clean") is not None]

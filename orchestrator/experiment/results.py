@@ -38,6 +38,9 @@ from typing import Annotated, Any, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator import files
+# re-exported: the runner, calibrate and the benches read iterations through results
+from orchestrator.control.iterations import (iteration_spans, iteration_times, iterations_within,  # noqa: F401
+                                             sync_times)
 from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
 from orchestrator.spec.loader import display_path, one_line
@@ -256,6 +259,7 @@ class _UnderFault(_Model):
     target: str
     rate: str
     iterations: list[int] = []
+    alongside: list[str] = []  # other degrades in effect over the same iterations
     measured_s: Number = None
     predicted_s: Number = None
     ratio: Number = None
@@ -452,33 +456,6 @@ def summary(values: list[float]) -> dict:
             "min": min(values), "max": max(values)}
 
 
-def iteration_times(records: list[dict]) -> list[float]:
-    """Per iteration, from the end of the previous synchronisation (the slowest agent's) to
-    the end of this one; the first from the earliest start of its compute."""
-    by_iteration: dict[int, list[dict]] = {}
-    for record in records:
-        by_iteration.setdefault(record["iteration"], []).append(record)
-    times, previous_end = [], None
-    for iteration in sorted(by_iteration):
-        rows = by_iteration[iteration]
-        end = max(r["start_time"] + r["gst_s"] for r in rows)
-        begin = previous_end if previous_end is not None else min(r["start_time"] - r["compute_s"] for r in rows)
-        times.append(end - begin)
-        previous_end = end
-    return times
-
-
-def sync_times(records: list[dict]) -> list[float]:
-    """Per iteration, the time per synchronisation: its iteration time (above) less the
-    compute in it (the median agent's), NCCL-tests' time per operation with compute between.
-    This is what the cost model predicts. GST, the slowest agent's time inside the allreduce,
-    also counts an early agent waiting for late ones to enter (a colocated PS's workers finish
-    an iteration up to 1.8 s apart on bcube,4,1, and enter the next as far apart)."""
-    compute: dict[int, list[float]] = {}
-    for record in records:
-        compute.setdefault(record["iteration"], []).append(record["compute_s"])
-    return [max(0.0, t - statistics.median(compute[i]))
-            for i, t in zip(sorted(compute), iteration_times(records))]
 
 
 RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long
@@ -491,29 +468,12 @@ def faulted_iterations(records: list[dict], events: list[dict], history: Sequenc
     of every membership a surviving run re-formed into (`history` after its first epoch):
     the re-form is the fault's doing, and its new connections start cold like the run's
     warm-up (a rejoined BCube(4,1) HiPS: 1.5 × the model, then 1.2, 1.1)."""
-    spans = _iteration_spans(records)
+    spans = iteration_spans(records)
     faults = [(e["applied"], e["undone"] + RECOVERY_S if e.get("undone") is not None else float("inf"))
               for e in events if e.get("applied") is not None]
     touched = {i for i, (begin, end) in spans.items() if any(a < end and begin < u for a, u in faults)}
     touched |= {i for epoch in history[1:] for i in range(epoch["first"], epoch["first"] + settle) if i in spans}
     return sorted(touched)
-
-
-def iterations_within(records: list[dict], begin: float, end: float) -> list[int]:
-    """Iterations whose compute and synchronisation lay wholly within [begin, end] (Unix
-    times): what a fault in effect over that span set alone."""
-    return sorted(i for i, (low, high) in _iteration_spans(records).items() if begin <= low and high <= end)
-
-
-def _iteration_spans(records: list[dict]) -> dict[int, tuple[float, float]]:
-    """Per iteration, from the first agent's start of compute to the last agent's end of
-    synchronisation (Unix times)."""
-    spans: dict[int, tuple[float, float]] = {}
-    for r in records:
-        begin, end = r["start_time"] - r["compute_s"], r["start_time"] + r["gst_s"]
-        low, high = spans.get(r["iteration"], (begin, end))
-        spans[r["iteration"]] = (min(low, begin), max(high, end))
-    return spans
 
 
 def _predicted_at(iteration: int, history: list[dict], predicted: float | None) -> float | None:

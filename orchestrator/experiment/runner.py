@@ -28,8 +28,8 @@ from orchestrator import frameworks, units
 from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
 from orchestrator.experiment import calibrate, jobs, snapshot, verdict, workloads
-from orchestrator.experiment.plan import (Plan, PlannedPoint, context, latency_of, plan_points, predict_with_rates,
-                                         topology_of)
+from orchestrator.experiment.plan import (Plan, PlannedPoint, compiled_point, context, latency_of, plan_points,
+                                         predict_with_rates, topology_of)
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
@@ -39,6 +39,7 @@ from orchestrator.deploy import lab_agents
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 from orchestrator.control import checker, driver
+from orchestrator.control.iterations import Degrade, under_degrades
 
 # (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 # point (a point's results), report, down
@@ -337,6 +338,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     spec, point = plan.spec, planned.point
     if point.algorithm.framework is not None:
         return _run_framework_point(plan, planned, lab, entry, progress)
+    planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # what the plan kept, else built now
     eps = ranked(endpoints, planned)
     workers = len(planned.layout.workers)
     faults = planned.faults
@@ -361,7 +363,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                     credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                     network=planned.prediction.network, link_state=lab.link_up,
                                     flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
-                                    rejoin=rejoiner, transport=spec.agents.transport)
+                                    rejoin=rejoiner, transport=spec.agents.transport, compiled=planned.compiled)
         except driver.RunError as exc:
             entry["status"], entry["error"] = "failed", str(exc)
         except BaseException as exc:
@@ -467,24 +469,18 @@ def _back_to_back(records: list[dict], warmup: int) -> float:
 
 def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events: list[dict], warmup: int) -> list[dict]:
     """Each `link-degrade` with a rate beside what the model predicts of the iterations it
-    held from start to end (after the warm-up): the same schedules with that link's rate."""
+    held from start to end (after the warm-up): the same schedules with that link's rate
+    (control/iterations.py)."""
     options = {(f.event, f.action, f.target): f.options for f in planned.faults}
-    sync = results_lib.sync_times(records)
-    out = []
+    degrades = []
     for event in events:
         rate = options.get((event["event"], event["action"], event["target"]), {}).get("rate")
         if event["action"] != "link-degrade" or rate is None or event.get("applied") is None or event.get("error"):
             continue
-        held = [i for i in results_lib.iterations_within(records, event["applied"], event.get("undone") or float("inf"))
-                if warmup <= i < len(sync)]
-        a, b = event["target"].split("-")
-        bits = float(units.parse_rate(rate))
-        predicted = predict_with_rates(plan.spec, planned, {(a, b): bits, (b, a): bits}).per_run if held else None
-        measured = sum(sync[i] for i in held) / len(held) if held else None
-        out.append({"action": event["action"], "target": event["target"], "rate": rate, "iterations": held,
-                    "measured_s": measured, "predicted_s": predicted,
-                    "ratio": measured / predicted if measured is not None and predicted else None})
-    return out
+        degrades.append(Degrade(event["action"], event["target"], float(units.parse_rate(rate)),
+                                event["applied"], event.get("undone"), str(rate)))
+    return under_degrades(records, degrades, warmup,
+                          lambda rates: predict_with_rates(plan.spec, planned, rates).per_run)
 
 
 def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: dict, warmup: int, workers: int) -> None:

@@ -187,3 +187,29 @@ def test_a_traced_run_records_every_transfer_at_both_ends(agents, transport):
                for r in rows if r["kind"] == "receive")
     untraced = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]), iterations=1, transport=transport)
     assert untraced.transfers() == []
+
+
+def test_a_run_given_its_compiled_run_runs_it_without_compiling_again(agents, monkeypatch):
+    """Issue 30's one compiled run: the runner hands the plan's CompiledRun to the driver,
+    which runs those very schedules; another attempt (here: fewer agents) compiles its own."""
+    from orchestrator.agent.plan import chunk_bytes_for
+    from orchestrator.collectives.partition import partitions
+    from orchestrator.cost.compiled import compile_run
+
+    ctx, endpoints = Context(4), [replace(e, rank=i, role="worker") for i, e in enumerate(agents[:4])]
+    given = compile_run("ring", ctx, sum(TENSORS), partitions(TENSORS, None),
+                        nodes=lambda ranks: driver._rank_nodes(ctx, endpoints, ranks)[0], given=range(4),
+                        chunk_bytes=chunk_bytes_for(transports.DEFAULT),
+                        send_buffer_bytes=transports.get(transports.DEFAULT).send_buffer)
+    compiled_by_driver = []
+    real = driver.compile_run
+    monkeypatch.setattr(driver, "compile_run", lambda *a, **k: compiled_by_driver.append(a[0]) or real(*a, **k))
+    result = driver.run(endpoints, "ring", TENSORS, workloads.emulated(TENSORS), iterations=2, ctx=ctx,
+                        compiled=given)
+    assert compiled_by_driver == [] and result.compiled is given
+    assert all(r["verified"] for r in result.records())
+    three = Context(3)
+    result = driver.run(endpoints[:3], "ring", TENSORS, workloads.emulated(TENSORS), iterations=1, ctx=three,
+                        compiled=given)
+    assert compiled_by_driver == ["ring"] and result.compiled is not given
+    assert all(r["verified"] for r in result.records())

@@ -1,11 +1,14 @@
 """The README's Python example is the faithful run (issue 30): `lab_agents.start(lab)` then
 `agents.run("hips", tensors, …)` with no further arguments paces every connection at its fair
 share over the hashed paths and predicts, on bcube,4,1 at 100 Mbit (12.5 MB of ResNet-50's
-layout); `faithful=False` is the explicit way out. Lab: ex-api."""
+layout); `faithful=False` is the explicit way out; a link-degrade made while it runs is
+priced over the iterations it held. Lab: ex-api."""
 
 from __future__ import annotations
 
 import statistics
+import threading
+import time
 
 import pytest
 
@@ -41,3 +44,63 @@ def test_the_default_run_is_paced_and_predicted_within_the_band(agents):
 def test_opting_out_is_explicit(agents):
     result = agents.run("ring", TENSORS[:20], iterations=1, faithful=False)
     assert result.predicted is None and all(r["verified"] for r in result.records())
+
+
+def _when_every_agent_reaches(agents, iteration: int, previous: set[str], deadline: float) -> None:
+    """Wait (polling Status) until every agent runs a run other than `previous` at `iteration`
+    or later; AssertionError at `deadline`."""
+    from orchestrator.agent.proto import testbed_pb2 as pb
+    from orchestrator.control import driver
+
+    with driver.control_stubs(list(agents)) as stubs:
+        while time.monotonic() < deadline:
+            statuses = [stub.Status(pb.Empty(), timeout=2) for stub in stubs.values()]
+            if all(s.run_id not in previous and s.state in ("running", "done") and s.iteration >= iteration
+                   for s in statuses):
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"the agents did not reach iteration {iteration}")
+
+
+def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_held(agents):
+    """`testbed fault … link-degrade` (here its Injector) during `agents.run`: the result says
+    which iterations the slower link held, beside the model's prediction for them, with no
+    further arguments (issue 30, item 4)."""
+    from orchestrator.agent.proto import testbed_pb2 as pb
+    from orchestrator.control import driver
+    from orchestrator.faults.injector import Injector
+
+    injector = Injector(agents.lab)
+    with driver.control_stubs(list(agents)) as stubs:
+        previous = {stub.Status(pb.Empty(), timeout=2).run_id for stub in stubs.values()}
+    failures: list[BaseException] = []
+
+    def degrade() -> None:
+        deadline = time.monotonic() + 120
+        try:
+            _when_every_agent_reaches(agents, 2, previous, deadline)
+            applied = injector.inject("link-degrade", "h00-l0s0", {"rate": "50Mbit"})
+            try:
+                _when_every_agent_reaches(agents, 5, previous, deadline)
+            finally:
+                injector.undo(applied.fault.id)
+        except BaseException as exc:  # seen by the test below
+            failures.append(exc)
+
+    thread = threading.Thread(target=degrade)
+    thread.start()
+    try:
+        result = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=7)
+    finally:
+        thread.join()
+    assert not failures, failures
+    assert agents.lab.state.active_faults() == []
+    [held] = result.under_faults
+    print(f"ring on bcube,4,1, h00-l0s0 at 50 Mbit by hand over iterations {held['iterations']}: "
+          f"{held['measured_s']:.3f} s per allreduce, predicted {held['predicted_s']:.3f} s, ratio {held['ratio']:.3f}; "
+          f"undegraded prediction {result.predicted.per_run:.3f} s")
+    assert held["target"] == "h00-l0s0" and held["rate"] == "50Mbit" and held["alongside"] == []
+    assert held["iterations"] and set(held["iterations"]) <= {2, 3, 4}
+    # the halved link sets the ring's pace: the model says so, and the run agrees
+    assert held["predicted_s"] > 1.6 * result.predicted.per_run
+    assert 0.85 <= held["ratio"] <= 1.15
