@@ -529,11 +529,17 @@ def exec_command(
 @app.command("cli")
 def mininet_cli(name: str = typer.Argument(..., help="lab name")) -> None:
     """Open Mininet's CLI on a live lab (pingall, h00 ping h33, link h00 l0s0 down, …)."""
+    from orchestrator.hosts import split
+
+    if split.exists(name):  # Mininet's nodes are shells on this machine; a split lab's live on its hosts
+        hosts = ", ".join(sorted({h for h in split.read_record(name).get("host_of", {}).values()})) or "its hosts"
+        raise BadUsage(f"lab {name} is split over {hosts}: Mininet's CLI needs a local shell on every node; run "
+                       f"commands with `testbed exec {name} NODE -- COMMAND`, links with `testbed fault {name} "
+                       "link-down A-B`")
     from mininet.cli import CLI
     from mininet.log import setLogLevel
 
     from orchestrator.emulation import Lab
-
     from orchestrator.faults import set_link_status
 
     setLogLevel("info")
@@ -902,10 +908,8 @@ def deploy(
 ) -> None:
     """Deploy agents on a lab's servers with Ansible (playbooks/deploy.yml); waits for health."""
     from orchestrator.deploy import deploy as deploy_agents
-    from orchestrator.emulation import Lab
 
-    lab = Lab.attach(name)
-    with _progress() as progress:
+    with _live_lab(name) as lab, _progress() as progress:  # a split lab: each host deploys its own servers
         deployment = deploy_agents(lab, _names(servers), _roles(ps), via=via, progress=_reporter(progress, "deploying"))
     result = deployment.result
     count = len(deployment.endpoints)
@@ -924,10 +928,8 @@ def undeploy(
 ) -> None:
     """Stop and remove a lab's agents (playbooks/undeploy.yml). Idempotent."""
     from orchestrator.deploy import undeploy as undeploy_agents
-    from orchestrator.emulation import Lab
 
-    lab = Lab.attach(name)
-    with _progress() as progress:
+    with _live_lab(name) as lab, _progress() as progress:
         undeploy_agents(lab, _names(servers), via=via, progress=_reporter(progress, "removing agents"))
     out.print(f"agents of lab {name} removed")
 
@@ -942,7 +944,11 @@ def inventory(
     """Print an Ansible inventory of a live lab (use it from playbooks/, where ansible.cfg is)."""
     from orchestrator.deploy import inventory_text
     from orchestrator.emulation import Lab
+    from orchestrator.hosts import split
 
+    if split.exists(name):
+        raise BadUsage(f"lab {name} is split over hosts: each host's Ansible reaches its own servers, with an inventory "
+                       f"of its own (under the lab's state there); `testbed deploy {name}` runs it on every host")
     print(inventory_text(Lab.attach(name), fmt, via, _roles(ps)), end="")
 
 

@@ -65,7 +65,8 @@ class RunResult:
     size_bytes: int
     wall_seconds: float
     # the cost model's prediction of one allreduce of this run (time, bytes per link), when
-    # run() was told the lab's network: see _prediction
+    # run() was told the lab's network: see _prediction. Given a compiled run (`compiled`), its
+    # prediction as planned (with the workload's compute), unless the paths hashed differently
     predicted: Prediction | None = None
     # a run that survived failures (run(survive=True)): its memberships, and every worker
     # node's identity (its rank at the start: whose gradient it contributes)
@@ -534,9 +535,10 @@ def _as_planned(how: _How, ctx: Context, endpoints: list[Endpoint], parts: list)
     given = how.compiled
     if given is None or given.algorithm != how.algorithm or given.credit_bytes != how.credit_bytes:
         return None
-    if given.send_buffer_bytes != transports.get(how.transport).send_buffer:
+    if given.send_buffer_bytes != transports.get(how.transport).send_buffer or not given.schedules:
         return None
-    if how.chunk_bytes and how.chunk_bytes != given.chunk_bytes:
+    chunk = how.chunk_bytes or chunk_bytes_for(how.transport)(given.schedules, how.credit_bytes)
+    if chunk != given.chunk_bytes or len(given.schedules[0][1].workers) != ctx.workers:
         return None
     if [part for part, _ in given.schedules] != list(parts) or {e.rank for e in endpoints} != set(range(given.ranks)):
         return None

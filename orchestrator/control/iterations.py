@@ -3,7 +3,9 @@
 Records are `RunResult.records()` rows (rank, iteration, start_time, gst_s, compute_s, …).
 The experiment's results (experiment/results.py) and the Python API (deploy/lab_agents.py)
 both read them through these functions, so a degrade made by an experiment's timeline and
-one made by hand (`testbed fault`) while `agents.run` goes on are priced alike.
+one made by hand (`testbed fault`) while `agents.run` goes on are priced by the same rule
+(each caller gives the model's prediction: the runner the point's planned one, with its
+compute and the even ECMP spread; the API the run's own, over the paths it hashed onto).
 """
 
 from __future__ import annotations
@@ -104,16 +106,18 @@ def degrades_of(events: list[dict]) -> list[Degrade]:
 Predict = Callable[[dict[tuple[str, str], float]], "float | None"]  # link-direction rates → time per allreduce
 
 
-def under_degrades(records: list[dict], degrades: list[Degrade], warmup: int, predict: Predict) -> list[dict]:
+def under_degrades(records: list[dict], degrades: list[Degrade], warmup: int, predict: Predict,
+                   shown: Callable[[Degrade], bool] = lambda _: True) -> list[dict]:
     """Each degrade beside what the model predicts of the iterations (after `warmup`) it held
     from start to end: the same schedules with its link at its rate, and with the links of
     every other degrade that held those iterations too (named in `alongside`). An iteration
     another degrade began or ended within is priced by none: its rates changed under it.
-    One entry per degrade and set of companions (one per degrade when they do not overlap)."""
+    One entry per degrade and set of companions (one per degrade when they do not overlap);
+    degrades not `shown` only keep others company (their rates were priced already)."""
     spans, sync = iteration_spans(records), sync_times(records)
     timed = [i for i in sorted(spans) if warmup <= i < len(sync)]
     out = []
-    for degrade in degrades:
+    for degrade in filter(shown, degrades):
         others = [d for d in degrades if d is not degrade]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i in timed:

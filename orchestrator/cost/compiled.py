@@ -47,7 +47,7 @@ class CompiledRun:
         return len(self.nodes)
 
     @property
-    def transfers(self) -> int:
+    def transfer_count(self) -> int:
         """Transfers of one allreduce, all partitions (what holding this run costs)."""
         return sum(len(step) for _, schedule in self.schedules for step in schedule.steps)
 

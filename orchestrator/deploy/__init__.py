@@ -8,7 +8,9 @@
 `via` picks a deployer of deployers.DEPLOYERS: "nsenter" (default), "ssh" (the same playbook
 over SSH, as on real machines), "exec" (no Ansible: the baseline). Deployed agents run under
 daemontools' supervise (restarted if they die); a netns lab's supervisors are journalled, a
-Docker lab's live in its containers, so `testbed down` and `testbed clean` stop them all.
+Docker lab's live in its containers, so `testbed down` and `testbed clean` stop them all. On
+a lab split over hosts (hosts/split.py), each host runs the same playbook into its own
+servers, a task of its worker, with the lab's secret; its journal keeps what it started.
 """
 
 from __future__ import annotations
@@ -64,8 +66,15 @@ def deploy(
     names = _servers(lab, servers)
     deployer = _deployer(via)
     refuse_unanswering(lab, names)  # a paused server's fresh agent would answer: the lab says it cannot
+    on_hosts = getattr(lab, "deploy_on_hosts", None) if hasattr(deployer, "access") else None
     try:
-        result = deployer.start(lab, names, progress, extravars, forks)
+        if on_hosts is not None:  # a lab split over hosts: each host's Ansible into its own servers
+            progress("Ansible on each host", 0, len(names))
+            on_hosts(names, roles, via, extravars, timeout, forks)
+            progress("Ansible on each host", len(names), len(names))
+            result = None
+        else:
+            result = deployer.start(lab, names, progress, extravars, forks)
         eps = endpoints(lab, names, roles)
         record_deployed(lab, {ep.node: ep.role for ep in eps})  # before waiting: a sick agent is a down target
         wait_healthy(eps, timeout=timeout)
@@ -80,7 +89,13 @@ def deploy(
 def undeploy(lab, servers: list[str] | None = None, via: str = "nsenter", progress: Progress = _quiet) -> PlaybookResult | None:
     """Stop and remove the agents of `servers` (default: all). Idempotent."""
     names = _servers(lab, servers)
-    result = _deployer(via).stop(lab, names, progress)
+    deployer = _deployer(via)
+    on_hosts = getattr(lab, "undeploy_on_hosts", None) if hasattr(deployer, "access") else None
+    if on_hosts is not None:  # a lab split over hosts: each host's playbook on its own servers
+        on_hosts(names, via)
+        result = None
+    else:
+        result = deployer.stop(lab, names, progress)
     record_deployed(lab, {}, removed=names)
     return result
 

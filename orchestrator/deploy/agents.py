@@ -70,6 +70,28 @@ def lab_secret(state_dir: Path) -> bytes:
     return path.read_bytes().strip()
 
 
+def share_secret(state_dir: Path, secret: bytes) -> None:
+    """Make `secret` this state directory's lab secret: a host of a split lab deploys with the
+    orchestrator's, so the tokens it writes are those the orchestrator's calls carry. Written
+    whole to a private file and renamed into place (a link there is replaced, not followed)."""
+    path = state_dir / "token"
+    try:
+        if not path.is_symlink() and path.is_file() and path.read_bytes().strip() == secret:
+            return
+    except OSError:
+        pass
+    descriptor, name = tempfile.mkstemp(prefix=".token.", dir=state_dir)  # mode 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(bytes(secret))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(name, path)
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+
+
 def agent_token(secret: bytes, node: str) -> str:
     return hmac.new(secret, node.encode(), hashlib.sha256).hexdigest()
 

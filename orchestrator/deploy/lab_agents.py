@@ -17,7 +17,7 @@ orchestrator/deploy/agents.py and is re-exported here.
 
 from __future__ import annotations
 
-import copy
+import logging
 import time
 from typing import Callable
 
@@ -37,6 +37,9 @@ from orchestrator.collectives.context import Context
 from orchestrator.control.driver import Endpoint, RunResult, shutdown
 from orchestrator.control.iterations import degrades_of, under_degrades
 from orchestrator.cost.routes import Routes
+from orchestrator.errors import TestbedError
+
+log = logging.getLogger("testbed.agents")
 
 __all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
            "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop", "under_faults"]
@@ -58,7 +61,7 @@ class LabAgents(list):
         predicted from the lab's links (`latency`: α per message, e.g. as `testbed calibrate
         --latency-only --lab` measured it; 0 leaves it out), stalls named with the link that is
         down; each link-degrade with a rate in effect while it ran, beside the model's prediction
-        of the iterations it held from start to end (after the first), in
+        of the iterations it held from start to end (after the first, when it ran more), in
         `result.under_faults` (as `testbed run`'s results.json has them). `faithful=False` runs
         unpaced and unpredicted. `more`: driver.run's other arguments (partition_bytes,
         credit_bytes, timeout, survive, trace, …)."""
@@ -76,30 +79,39 @@ class LabAgents(list):
         result = driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
                             **faithful_args, **more)
         if faithful:
-            result.under_faults = under_faults(self.lab, result, started, warmup=min(1, iterations - 1))
+            try:
+                result.under_faults = under_faults(self.lab, result, started, time.time(),
+                                                   warmup=min(1, iterations - 1))
+            except (TestbedError, ValueError, OSError) as exc:  # the run's own figures stand without them
+                log.warning("link-degrades during the run not priced: %s", exc)
         return result
 
 
-def under_faults(lab, result: RunResult, since: float, warmup: int = 1) -> list[dict]:
-    """The link-degrades with a rate the lab's fault log says were in effect since `since`
-    (Unix time), each beside the model's prediction of the iterations (from `warmup` on) it
-    held from start to end: the run's own schedules and routes with those links at those
-    rates (control/iterations.py). Empty for a run without a prediction or one whose
-    membership changed (a surviving run's epochs are priced by their own predictions)."""
+def under_faults(lab, result: RunResult, since: float, until: float, warmup: int = 1) -> list[dict]:
+    """The link-degrades with a rate the lab's fault log says were applied or undone between
+    `since` and `until` (Unix times: the run), each beside the model's prediction of the
+    iterations (from `warmup` on) it held from start to end: the run's own schedules and
+    routes with those links at those rates (control/iterations.py). A degrade in effect all
+    along is the run's own prediction already (`as_degraded`), and left out. Empty for a run
+    without a prediction or one whose membership changed (a surviving run's epochs are
+    priced by their own predictions)."""
     compiled = result.compiled
     if compiled is None or compiled.prediction is None or len(result.history) > 1:
         return []
     degrades = [d for d in degrades_of(lab.state.fault_events()) if d.end >= since]
-    if not degrades:
+
+    def changed(d) -> bool:  # applied or undone while the run went on
+        return since <= d.applied <= until or d.end <= until
+
+    if not any(map(changed, degrades)):
         return []
 
     def predict(rates: dict) -> float:
-        topology = copy.copy(lab.topology)  # the lab's own stays as it is
-        topology.rates = {**topology.rates, **rates}
+        topology = lab.topology.with_rates(rates)
         pinned = compiled.routes.pinned if compiled.routes is not None else None
         return compiled.predicted(compiled.network, topology, Routes(topology, pinned)).prediction.per_run
 
-    return under_degrades(result.records(), degrades, warmup, predict)
+    return under_degrades(result.records(), degrades, warmup, predict, shown=changed)
 
 
 def as_degraded(lab):
@@ -108,16 +120,9 @@ def as_degraded(lab):
     paced at and predicted with. A degrade applied or undone while the run goes on is priced
     after it, over the iterations it held (`under_faults`); the pacing stays as it started."""
     rates = {}
-    for fault in lab.state.active_faults():
-        rate, ends = fault["params"].get("rate"), fault["target"].split("-")
-        if fault["action"] == "link-degrade" and fault["applied"] is not None and rate and len(ends) == 2:
-            a, b = ends
-            rates[(a, b)] = rates[(b, a)] = float(rate)
-    if not rates:
-        return lab.topology
-    topology = copy.copy(lab.topology)  # the lab's own stays as it is
-    topology.rates = {**topology.rates, **rates}
-    return topology
+    for degrade in sorted(degrades_of(lab.state.active_faults()), key=lambda d: d.applied):
+        rates.update(degrade.rates())
+    return lab.topology.with_rates(rates) if rates else lab.topology
 
 
 def start(lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter") -> LabAgents:

@@ -5,7 +5,6 @@ cannot run before it builds anything."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
@@ -233,7 +232,7 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
     planned, kept = [], 0
     for point in points:
         p = predict_point(spec, point, source, memory, latency)
-        kept += p.compiled.transfers
+        kept += p.compiled.transfer_count
         planned.append(p if kept <= KEEP_TRANSFERS else dataclasses.replace(p, compiled=None))
     groups: dict[tuple, list[int]] = {}
     for index, p in enumerate(planned):
@@ -289,8 +288,7 @@ def compiled_point(spec: ExperimentSpec, planned: PlannedPoint) -> CompiledRun:
 def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[tuple[str, str], float]) -> Prediction:
     """The point's prediction (same schedules, α and cores) with some link directions at other
     rates, bit/s: what the model expects of the iterations a `link-degrade` holds."""
-    topology = copy.copy(topology_of(planned.point.lab))  # the cached one stays as it is
-    topology.rates = {**topology.rates, **rates}
+    topology = topology_of(planned.point.lab).with_rates(rates)
     return compiled_point(spec, planned).predicted(planned.prediction.network, topology,
                                                    **_compute(spec, planned.point, planned.compute)).prediction
 

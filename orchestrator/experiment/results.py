@@ -38,7 +38,7 @@ from typing import Annotated, Any, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator import files
-# re-exported: the runner, calibrate and the benches read iterations through results
+# re-exported: calibrate, the reports and the benches read iterations through results
 from orchestrator.control.iterations import (iteration_spans, iteration_times, iterations_within,  # noqa: F401
                                              sync_times)
 from orchestrator.emulation.journal import write_inside
@@ -454,8 +454,6 @@ def summary(values: list[float]) -> dict:
         return {"mean": None, "p50": None, "p95": None, "min": None, "max": None}
     return {"mean": statistics.fmean(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
             "min": min(values), "max": max(values)}
-
-
 
 
 RECOVERY_S = 1.0  # after a link comes back, TCP's backed-off retransmission timer may wait this long

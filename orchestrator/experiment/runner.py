@@ -161,12 +161,6 @@ def _lab_here(spec, progress):
     return Lab.up(spec, progress)
 
 
-def _via(lab, asked: str) -> str:
-    """How agents get onto `lab`: as the experiment asks, unless the lab says how they must
-    (a lab split over hosts has each host's worker start them: `agents_via`)."""
-    return getattr(lab, "agents_via", None) or asked
-
-
 def _collector(lab):
     """What reads the lab's link counters: here, or on each host of a split lab."""
     return lab.fabric_collector() if hasattr(lab, "fabric_collector") else FabricCollector(lab)
@@ -188,7 +182,7 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             results.setdefault("monitoring", {})[lab.name] = {"url": monitor.url, "pid": monitor.pid,
                                                               "started": time.time()}
             progress("monitor", f"{lab.name}: prometheus at {monitor.url}", 1, 1)
-        endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
+        endpoints = _deploy(lab, spec.agents.via, progress)
         points = _with_latency(plan, variant, points, lab, endpoints, entries, progress)
         for group in _groups(points):
             group_entries = [entries[p.point.id] for p in group]
@@ -200,7 +194,7 @@ def _run_variant(plan: Plan, variant: LabVariant, results: dict, directory: Path
             results_lib.write(directory, results)
             progress("point", group[-1].point.id, points.index(group[-1]) + 1, len(points))
             if faulted or any(e["status"] == "failed" for e in group_entries):  # crashed or paused agents: deploy again
-                endpoints = _deploy(lab, _via(lab, spec.agents.via), progress)
+                endpoints = _deploy(lab, spec.agents.via, progress)
     finally:
         if monitor is not None:  # before the lab (and its Prometheus's data) goes, interrupted or not
             progress("monitor", f"{lab.name}: prometheus snapshot", 0, 1)
@@ -338,7 +332,6 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     spec, point = plan.spec, planned.point
     if point.algorithm.framework is not None:
         return _run_framework_point(plan, planned, lab, entry, progress)
-    planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # what the plan kept, else built now
     eps = ranked(endpoints, planned)
     workers = len(planned.layout.workers)
     faults = planned.faults
@@ -351,11 +344,12 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iteration, iterations)
 
     watcher = _IterationWatcher(eps, iterations, on_iteration)
-    rejoiner = Rejoiner(lab, _via(lab, spec.agents.via)) if faults else None
+    rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
     result = None
     with _measured(lab, entry, lambda: [dataclasses.asdict(r) for r in timeline.events()]) as counters:
         try:
             with timeline, watcher:
+                planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
                 result = driver.run(eps, point.algorithm.name, planned.tensors,
                                     workloads.build(point.workload, planned.tensors, workers, planned.compute),
                                     iterations=iterations, ctx=context(point, planned.layout),

@@ -63,6 +63,38 @@ def spawn_part(name: str, node: str, argv: list[str], env: dict[str, str]) -> di
     return started or {}
 
 
+class Hidden(bytes):
+    """A secret handed to a host's task: the engine may log a failed task's arguments."""
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+
+def deploy_part(name: str, servers: list[str], roles: dict[str, str], via: str, secret: bytes,
+                extravars: dict | None, timeout: float, forks: int) -> int:
+    """On a host: the project's Ansible deploy (`via`: nsenter or ssh) onto its servers of the
+    lab, from here into its own namespaces, supervised and healthy, with the orchestrator's
+    secret (so the tokens are the ones its calls carry); journalled in the host's journal,
+    so `clean` on the host stops them."""
+    from orchestrator.deploy import deploy
+    from orchestrator.deploy.agents import share_secret
+    from orchestrator.emulation.lab import Lab
+
+    lab = Lab.attach(name)
+    share_secret(lab.state.dir, secret)
+    deploy(lab, servers, roles, via=via, extravars=extravars, timeout=timeout, forks=forks)
+    return len(servers)
+
+
+def undeploy_part(name: str, servers: list[str], via: str) -> int:
+    """On a host: its servers' agents stopped and removed (the undeploy playbook)."""
+    from orchestrator.deploy import undeploy
+    from orchestrator.emulation.lab import Lab
+
+    undeploy(Lab.attach(name), servers, via=via)
+    return len(servers)
+
+
 def prepare_part(document: dict) -> None:
     """On a host: what its runtime needs before the lab (Docker's engine and image)."""
     from orchestrator.emulation.runtimes import runtime_named

@@ -34,7 +34,7 @@ from orchestrator.emulation import kernel
 from orchestrator.emulation.journal import LabState, check_name, global_lock, state_root, write_inside
 from orchestrator.emulation.lab import management_subnet
 from orchestrator.emulation.plan import LabPlan
-from orchestrator.errors import EmulationError, LabExists, LabNotFound, NodeNotFound
+from orchestrator.errors import DeployError, EmulationError, LabExists, LabNotFound, NodeNotFound, TestbedError
 from orchestrator.hosts import parts
 from orchestrator.hosts import wires as wires_lib
 from orchestrator.hosts.engine import HostEngine
@@ -142,9 +142,32 @@ class SplitLab:
         return SplitState(self.spec.name, lambda *event: self.engine.run_on(first, parts.fault_event_part,
                                                                            self.spec.name, *event))
 
-    # agents on a split lab are started by each host's worker (Ansible into the hosts'
-    # namespaces is still to come): what an experiment deploys with
-    agents_via = "exec"
+    def deploy_on_hosts(self, servers: list[str], roles: dict[str, str] | None, via: str, extravars: dict | None,
+                        timeout: float, forks: int) -> None:
+        """Ansible onto `servers`, each host at once running the project's playbook into its
+        own servers' namespaces (parts.deploy_part), with this lab's secret."""
+        from orchestrator.deploy.agents import lab_secret
+
+        secret = parts.Hidden(lab_secret(self.state.dir))  # never shown in the engine's logs
+        self._each_host(servers, "deploy", lambda here: (parts.deploy_part, self.name, here,
+                                                        {s: r for s, r in (roles or {}).items() if s in here}, via,
+                                                        secret, extravars, timeout, forks), timeout + 600.0)
+
+    def undeploy_on_hosts(self, servers: list[str], via: str) -> None:
+        self._each_host(servers, "undeploy", lambda here: (parts.undeploy_part, self.name, here, via), 600.0)
+
+    def _each_host(self, servers: list[str], what: str, task: Callable[[list[str]], tuple], timeout: float) -> None:
+        """`task(its servers)` = (work, *args) on every host holding some of `servers`, at
+        once; the first host that fails is named (its log is on that host)."""
+        by_host = self._hosts_of(servers)
+        with ThreadPoolExecutor(max(1, len(by_host))) as pool:
+            futures = {host: pool.submit(self.engine.run_on, host, *task(here), timeout=timeout)
+                       for host, here in by_host.items()}
+            for host, future in futures.items():
+                try:
+                    future.result()
+                except TestbedError as exc:
+                    raise DeployError(f"host {host}: {what}: {exc}") from None
 
     def down(self) -> dict[str, dict]:
         return clean(self.name, self.engine)

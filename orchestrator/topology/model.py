@@ -9,6 +9,7 @@ packet would, so a test can prove that every pair is reachable without loops.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import ipaddress
@@ -158,6 +159,13 @@ class Topology:
         self._bridge_ports: dict[Endpoint, list[Endpoint]] = {}
 
     # -- inventory --------------------------------------------------------------------------
+    def with_rates(self, rates: dict[tuple[str, str], float]) -> "Topology":
+        """A copy of this topology with some link directions at other rates (bit/s): what a
+        link-degrade makes of it. This one, which caches may hold, stays as it is."""
+        changed = copy.copy(self)
+        changed.rates = {**self.rates, **rates}
+        return changed
+
     @property
     def servers(self) -> list[Node]:
         """Servers in rank order (the order the builder added them)."""

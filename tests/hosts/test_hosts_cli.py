@@ -122,6 +122,10 @@ def test_a_split_lab_from_the_command_line(cli):
         shown = run("exec", "clisp", "h11", "--", "ip", "-o", "-4", "address", "show", "dev", "h11-eth0").stdout
         assert "10." in shown and "h11-eth0" in shown
         assert run("exec", "clisp", "h11", "--", "sh", "-c", "exit 3", ok=False).returncode == 3
+        # Mininet's CLI wants a local shell per node: refused in one line saying what works
+        refused = run("cli", "clisp", ok=False)
+        assert refused.returncode != 0 and "testbed exec clisp" in refused.stderr, refused.stderr
+        assert "\n" not in refused.stderr.strip()
         shown = json.loads(run("status", "clisp", "--json").stdout)
         assert shown["status"] == "up" and shown["hosts"] == ["x", "y"]
         assert all(node["alive"] for node in shown["nodes"]) and len(shown["nodes"]) == 8
@@ -187,7 +191,7 @@ def test_an_up_killed_midway_is_cleaned_by_name(cli):
 
 def test_an_experiment_runs_split_over_the_hosts(cli, tmp_path):
     """`testbed run --hosts`: the smoke experiment (star,4, a degraded link, Prometheus) with
-    its lab split over the hosts: every point done, its link bytes read on both hosts, its
+    its lab split over the hosts, its agents deployed by each host's Ansible: every point done, its link bytes read on both hosts, its
     fault applied and undone, each host's CPU in its verdict, and the lab gone after."""
     run, file, hosts, state = cli
     run("run", str(Path(__file__).resolve().parents[2] / "experiments" / "smoke.yaml"), "--hosts", str(file),

@@ -248,3 +248,65 @@ def test_a_host_that_fails_its_share_leaves_nothing_recorded(tmp_path, monkeypat
         split.up(spec, engine, [Host("x", mtu=9000), Host("y", mtu=9000)], underlay)
     assert sorted(engine.cleaned) == ["x", "y"]  # both hosts asked to clean, the one that built too
     assert not split.exists("spfail") and split.names() == []
+
+
+def test_ansible_deploys_a_split_labs_agents_supervised_by_each_host(engine):
+    """`deploy(lab)` on a split lab (as `testbed deploy` and `testbed run` call it): each host
+    runs the project's playbook through nsenter into its own servers, under svscan, with the
+    lab's secret; the agents answer this machine's calls, run a collective, are restarted on
+    their host when killed, and undeploy and down leave no process on any host."""
+    import time
+
+    from orchestrator.control import workloads
+    from orchestrator.deploy import deploy, undeploy
+    from orchestrator.deploy.lab_agents import LabAgents
+    from tests.netns.probes import command_lines
+    from tests.netns.test_deploy import health
+
+    connected, hosts = engine
+    spec = lab_from_argument("bcube,2,1", name="spans", **{"servers.runtime": "netns", "links.bandwidth": "100Mbit"})
+    built = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
+    try:
+        deployment = deploy(built)
+        assert deployment.result is None and {health(e.control) for e in deployment.endpoints} == {"SERVING"}
+        servers = [e.node for e in deployment.endpoints]
+        assert {built.placement.host_of[s] for s in servers} == {"x", "y"}
+        # each server's supervisor runs on its host, in the server's namespace
+        for server in servers:
+            assert any(line.startswith("svscan ") for _, line in in_namespace(built, server)), server
+        agents = LabAgents(built, deployment.endpoints)
+        tensors = [1 << 18]
+        result = agents.run("ring", tensors, workloads.emulated(tensors), iterations=2)
+        assert all(r["verified"] for r in result.records())
+
+        # killed on its host, an agent is started again by its supervisor there
+        far = next(e for e in deployment.endpoints if built.placement.host_of[e.node] == "y")
+
+        def agent_pids() -> list[str]:
+            return [pid for pid, line in in_namespace(built, far.node) if "--config" in line and "agent.json" in line]
+
+        first = agent_pids()
+        assert len(first) == 1, in_namespace(built, far.node)
+        built.exec(far.node, ["kill", "-9", first[0]])
+        deadline = time.monotonic() + 15
+        while True:
+            now = agent_pids()
+            if now and now != first and health(far.control) == "SERVING":
+                break
+            assert time.monotonic() < deadline, "the killed agent was not started again on its host"
+            time.sleep(0.1)
+
+        undeploy(built)
+        assert {health(e.control) for e in deployment.endpoints} == {"UNAVAILABLE"}
+    finally:
+        split.down(built)
+    assert not [line for line in command_lines("/spans/", live_only=True) if "svscan" in line or "agent.json" in line]
+
+
+def in_namespace(lab, server: str) -> list[tuple[str, str]]:
+    """(pid, command line) of every process in a split lab's server's network namespace, as
+    its host sees them."""
+    script = ("for p in /proc/[0-9]*; do [ \"$(readlink $p/ns/net)\" = \"$(readlink /proc/self/ns/net)\" ] && "
+              "echo \"${p#/proc/} $(tr '\\0' ' ' < $p/cmdline)\"; done")
+    lines = lab.exec(server, ["sh", "-c", script]).stdout.splitlines()
+    return [tuple(line.split(" ", 1)) for line in lines if " " in line]

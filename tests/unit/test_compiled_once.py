@@ -34,7 +34,7 @@ def test_the_plan_keeps_each_points_compiled_run_and_its_prediction_is_the_point
     assert plan.points
     for p in plan.points:
         assert p.compiled is not None and p.compiled.prediction is p.prediction
-        assert p.compiled.nodes == tuple(p.layout.nodes) and p.compiled.transfers > 0
+        assert p.compiled.nodes == tuple(p.layout.nodes) and p.compiled.transfer_count > 0
 
 
 def test_a_degrade_is_priced_from_the_kept_run_without_compiling_it_again(monkeypatch):

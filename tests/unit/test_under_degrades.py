@@ -94,3 +94,14 @@ def test_the_lab_fault_log_gives_applied_degrades_with_a_rate_on_a_link():
          "undone": None},  # not a link
     ]
     assert degrades_of(events) == [Degrade("link-degrade", "h0-sw", 50e6, 5.0, 9.0)]
+
+
+def test_a_degrade_not_shown_only_keeps_the_others_company():
+    """The Python API leaves out a degrade in effect all through the run (the run's own
+    prediction has it) but prices the others' iterations with its rate too."""
+    calls: list = []
+    old = Degrade("link-degrade", "h1-sw", 20e6, 0.0, None)
+    new = Degrade("link-degrade", "h0-sw", 50e6, 13.5, None)
+    [entry] = under_degrades(RECORDS, [old, new], 0, _priced(calls), shown=lambda d: d is new)
+    assert entry["target"] == "h0-sw" and entry["alongside"] == ["h1-sw"] and entry["iterations"] == [2, 3, 4, 5]
+    assert calls == [{("h0", "sw"): 50e6, ("sw", "h0"): 50e6, ("h1", "sw"): 20e6, ("sw", "h1"): 20e6}]
