@@ -528,30 +528,24 @@ def exec_command(
 
 @app.command("cli")
 def mininet_cli(name: str = typer.Argument(..., help="lab name")) -> None:
-    """Open Mininet's CLI on a live lab (pingall, h00 ping h33, link h00 l0s0 down, …)."""
-    from orchestrator.hosts import split
-
-    if split.exists(name):  # Mininet's nodes are shells on this machine; a split lab's live on its hosts
-        hosts = ", ".join(sorted({h for h in split.read_record(name).get("host_of", {}).values()})) or "its hosts"
-        raise BadUsage(f"lab {name} is split over {hosts}: Mininet's CLI needs a local shell on every node; run "
-                       f"commands with `testbed exec {name} NODE -- COMMAND`, links with `testbed fault {name} "
-                       "link-down A-B`")
+    """Open Mininet's CLI on a live lab (pingall, h00 ping h33, link h00 l0s0 down, …); on a
+    lab split over hosts each command line runs on its node's host."""
     from mininet.cli import CLI
     from mininet.log import setLogLevel
 
-    from orchestrator.emulation import Lab
+    from orchestrator.emulation.mininet_attach import attach
     from orchestrator.faults import set_link_status
 
     setLogLevel("info")
-    lab = Lab.attach(name)
-    net = lab.net
-    # `link A B down|up` goes through the fault path: journalled, and the routes react
-    net.link_status = lambda a, b, up: set_link_status(lab, a, b, up)
-    try:
-        CLI(net)
-    finally:
-        for node in net.values():
-            node.terminate()
+    with _live_lab(name) as lab:
+        net = attach(lab)
+        # `link A B down|up` goes through the fault path: journalled, and the routes react
+        net.link_status = lambda a, b, up: set_link_status(lab, a, b, up)
+        try:
+            CLI(net)
+        finally:
+            for node in net.values():
+                node.terminate()
 
 
 # -- faults -----------------------------------------------------------------------------------

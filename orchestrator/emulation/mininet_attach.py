@@ -5,6 +5,13 @@ hands out Mininet nodes whose shells enter the lab's existing namespaces or cont
 Mininet's CLI (`pingall`, `h00 ping h33`, `link h00 l0s0 down`, `xterm`…) and scripts using
 `node.cmd()` work on it unchanged. Nothing here creates or deletes network objects.
 
+On a lab split over hosts (hosts/split.py) a node's shell is not on this machine: its node
+is a RemoteNode, whose "shell" runs each command line it is sent on the node's host
+(`lab.exec`, a task of the host's worker) and answers with its output and Mininet's prompt
+sentinel. `pingall`, `h00 ping -c1 h11`, `h00 ip route`, `link …` and scripts' `node.cmd()`
+work; a line is one `sh -c` there, so shell state (cd, variables, jobs with &) does not
+carry from one line to the next, and `xterm` has no terminal to open.
+
 `link A B down|up` is the one command that changes the lab: Mininet's own version only
 flips the interfaces, leaving relays without the routes the kernel dropped (BCube's pingall
 stuck at 11/12 after down and up), so it goes through `net.link_status(a, b, up)`, which
@@ -12,6 +19,9 @@ the CLI points at the fault path and which defaults to `Lab.set_link`.
 """
 
 from __future__ import annotations
+
+import os
+import threading
 
 from mininet.link import Intf, Link
 from mininet.log import error
@@ -37,6 +47,80 @@ class AttachedNode(Node):
     def addIntf(self, intf, port=None, moveIntfFn=None):  # noqa: N802,N803 (Mininet's names)
         # the interface already lives in this node's namespace: never move it
         return super().addIntf(intf, port=port, moveIntfFn=lambda *args: None)
+
+
+SENTINEL = chr(127)  # Mininet's prompt: the end of a command's output
+
+
+class RemoteNode(AttachedNode):
+    """A node of a split lab: its commands run on its host, one `sh -c` per line (see the
+    module's docstring), through a pair of pipes Mininet reads and writes as a shell's."""
+
+    def __init__(self, name: str, lab, **params) -> None:
+        self.lab = lab
+        super().__init__(name, [], **params)
+
+    def startShell(self, mnopts=None) -> None:  # noqa: N802 (Mininet's name)
+        import select
+
+        commands_r, commands_w = os.pipe()
+        output_r, self._output_w = os.pipe()
+        self.stdin, self.stdout = os.fdopen(commands_w, "w"), os.fdopen(output_r, "r")
+        self._commands = commands_r
+        self.shell, self.pid, self.execed, self.lastCmd, self.lastPid, self.readbuf = self, os.getpid(), False, None, None, ""
+        self.pollOut = select.poll()
+        self.pollOut.register(self.stdout)
+        self.outToNode[self.stdout.fileno()] = self
+        self.inToNode[self.stdin.fileno()] = self
+        self._relay = threading.Thread(target=self._serve, name=f"shell-{self.name}", daemon=True)
+        self._relay.start()
+        self.waiting = False
+
+    def _serve(self) -> None:
+        """Each line Mininet writes, run on the node's host; its output, then the sentinel."""
+        pending = b""
+        while True:
+            try:
+                data = os.read(self._commands, 65536)
+            except OSError:
+                return
+            if not data:  # Mininet closed the node
+                os.close(self._commands)
+                return
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                text = line.decode(errors="replace").replace(chr(3), "").strip()
+                answer = self._run(text) if text else ""
+                try:
+                    os.write(self._output_w, (answer + SENTINEL).encode())
+                except OSError:
+                    return
+
+    def _run(self, line: str) -> str:
+        from orchestrator.errors import TestbedError
+
+        try:
+            done = self.lab.exec(self.name, ["sh", "-c", line])
+        except TestbedError as exc:
+            return f"{exc}\n"
+        return (done.stdout or "") + (done.stderr or "")
+
+    def poll(self):  # what Mininet asks of its shell process: still running
+        return None
+
+    def terminate(self) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        if self.shell is None:
+            return
+        self.shell = None
+        for closing in (self.stdin.close, self.stdout.close, lambda: os.close(self._output_w)):
+            try:
+                closing()
+            except OSError:
+                pass
 
 
 class AttachedIntf(Intf):
@@ -96,8 +180,9 @@ def attach(lab) -> Mininet:
     net = AttachedNet(lab, topo=None, build=False, controller=None)
     net.built = True
     nodes = {}
+    local = hasattr(lab, "command_prefix")  # a split lab's nodes have no shell on this machine
     for node in lab.topology.nodes.values():
-        attached = AttachedNode(node.name, lab.command_prefix(node.name))
+        attached = AttachedNode(node.name, lab.command_prefix(node.name)) if local else RemoteNode(node.name, lab)
         for port, iface in enumerate(i for i in node.interfaces.values() if not i.is_bridge):
             AttachedIntf(iface.name, attached, iface.address)
         nodes[node.name] = attached
