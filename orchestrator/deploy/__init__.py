@@ -57,15 +57,18 @@ def _servers(lab, servers: list[str] | None) -> list[str]:
 def deploy(
     lab, servers: list[str] | None = None, roles: dict[str, str] | None = None, via: str = "nsenter",
     progress: Progress = _quiet, extravars: dict | None = None, timeout: float = 60.0, forks: int = FORKS,
+    faults_checked: bool = False,
 ) -> Deployment:
     """Deploy agents on `servers` (default: all) and wait until each answers the standard
     health check and accepts its token; their endpoints in rank order. DeployError names the
     first host and task that failed, or at once a server that cannot answer (paused, crashed,
     its agents stopped: deploy.answering). `extravars` go to the playbook (agent_health_timeout,
-    agent_install=wheel with agent_wheel, testbed_strategy …); `forks`: Ansible's."""
+    agent_install=wheel with agent_wheel, testbed_strategy …); `forks`: Ansible's.
+    `faults_checked`: the lab's faults were checked already (a split lab's host deploying its
+    share: the orchestrator holds the fault log); its processes are still looked at."""
     names = _servers(lab, servers)
     deployer = _deployer(via)
-    refuse_unanswering(lab, names)  # a paused server's fresh agent would answer: the lab says it cannot
+    refuse_unanswering(lab, names, faults=not faults_checked)  # a paused server's fresh agent would answer
     on_hosts = getattr(lab, "deploy_on_hosts", None) if hasattr(deployer, "access") else None
     try:
         if on_hosts is not None:  # a lab split over hosts: each host's Ansible into its own servers
@@ -79,7 +82,7 @@ def deploy(
         record_deployed(lab, {ep.node: ep.role for ep in eps})  # before waiting: a sick agent is a down target
         wait_healthy(eps, timeout=timeout)
     except (DeployError, RunError) as exc:
-        refuse_unanswering(lab, names)  # paused while deploying: say that, not which wait ran out
+        refuse_unanswering(lab, names, faults=not faults_checked)  # paused while deploying: say that, not which wait ran out
         if isinstance(exc, RunError):  # the health wait's: an agent not answering, or another lab's
             raise DeployError(f"lab {lab.name}: {exc}") from None
         raise

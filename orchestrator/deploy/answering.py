@@ -96,10 +96,11 @@ def _from_processes(lab, servers: list[str]) -> dict[str, str]:
     return why
 
 
-def refuse_unanswering(lab, servers: list[str]) -> None:
+def refuse_unanswering(lab, servers: list[str], faults: bool = True) -> None:
     """DeployError, one line, if any of `servers` cannot answer a health check: paused or
-    crashed by a fault, a paused container, or stopped agent processes. Changes nothing."""
-    why = _from_faults(lab, set(servers))
+    crashed by a fault (unless `faults` is False), a paused container, or stopped agent
+    processes. Changes nothing."""
+    why = _from_faults(lab, set(servers)) if faults else {}
     why.update(_from_processes(lab, [s for s in servers if s not in why]))
     ordered = [s for s in servers if s in why]
     if not ordered:

@@ -9,8 +9,9 @@ On a lab split over hosts (hosts/split.py) a node's shell is not on this machine
 is a RemoteNode, whose "shell" runs each command line it is sent on the node's host
 (`lab.exec`, a task of the host's worker) and answers with its output and Mininet's prompt
 sentinel. `pingall`, `h00 ping -c1 h11`, `h00 ip route`, `link …` and scripts' `node.cmd()`
-work; a line is one `sh -c` there, so shell state (cd, variables, jobs with &) does not
-carry from one line to the next, and `xterm` has no terminal to open.
+work; a line is one `sh -c` there, bounded (LINE_SECONDS, then SIGINT; LINE_BYTES of
+output), so shell state (cd, variables) does not carry from one line to the next, a
+background job (`&`) is refused, and `xterm` has no terminal to open here.
 
 `link A B down|up` is the one command that changes the lab: Mininet's own version only
 flips the interfaces, leaving relays without the routes the kernel dropped (BCube's pingall
@@ -21,6 +22,8 @@ the CLI points at the fault path and which defaults to `Lab.set_link`.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import threading
 
 from mininet.link import Intf, Link
@@ -77,34 +80,58 @@ class RemoteNode(AttachedNode):
         self.waiting = False
 
     def _serve(self) -> None:
-        """Each line Mininet writes, run on the node's host; its output, then the sentinel."""
+        """Each line Mininet writes, run on the node's host; its output, then the sentinel.
+        This thread owns both of its pipe ends and closes them when Mininet closes the node."""
         pending = b""
-        while True:
-            try:
+        try:
+            while True:
                 data = os.read(self._commands, 65536)
-            except OSError:
-                return
-            if not data:  # Mininet closed the node
-                os.close(self._commands)
-                return
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                text = line.decode(errors="replace").replace(chr(3), "").strip()
-                answer = self._run(text) if text else ""
-                try:
-                    os.write(self._output_w, (answer + SENTINEL).encode())
-                except OSError:
+                if not data:  # Mininet closed the node
                     return
+                pending += data
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    text = line.decode(errors="replace").replace(chr(3), "").strip()
+                    answer = ""
+                    try:
+                        answer = self._run(text) if text else ""
+                    finally:  # whatever happened, Mininet gets its prompt back
+                        _write_all(self._output_w, (answer + SENTINEL).encode())
+        except OSError:
+            return
+        finally:
+            for fd in (self._commands, self._output_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _run(self, line: str) -> str:
-        from orchestrator.errors import TestbedError
-
+        """One line on the node's host, bounded: LINE_SECONDS, then SIGINT (as Ctrl-C would
+        stop it in a shell); LINE_BYTES of output (a `yes` is cut off); anything that is not
+        printable ASCII shown as `?`. A background job would keep its output open: refused."""
+        alone = BACKGROUND_PID.sub("", line).rstrip()  # Mininet asks a backgrounded command's pid so
+        if alone.endswith("&") and not alone.endswith("&&"):
+            return "background jobs (&) do not run on a split lab's nodes: each line ends with its command\n"
+        # timeout signals the line's whole process group (a job it started too), then kills it
+        bounded = (f"timeout -s INT -k 5 {LINE_SECONDS} sh -c {shlex.quote(line)} 2>&1 | head -c {LINE_BYTES} | "
+                   "tr -c '\\11\\12\\15\\40-\\176' '?'")
         try:
-            done = self.lab.exec(self.name, ["sh", "-c", line])
-        except TestbedError as exc:
-            return f"{exc}\n"
+            done = self.lab.exec(self.name, ["sh", "-c", bounded], LINE_SECONDS + 15)
+        except Exception as exc:  # noqa: BLE001 - a host lost, the engine gone: said, and the CLI goes on
+            return f"{self.name}: {type(exc).__name__}: {exc}\n"
         return (done.stdout or "") + (done.stderr or "")
+
+    def pexec(self, *args, **kwargs):
+        """Mininet's out-of-band command (updateIP, link status): on the node's host too."""
+        command = args[0] if len(args) == 1 else " ".join(str(a) for a in args)
+        argv = command if isinstance(command, list) else ["sh", "-c", command]
+        done = self.lab.exec(self.name, argv, LINE_SECONDS)
+        return done.stdout or "", done.stderr or "", done.returncode
+
+    def popen(self, *args, **kwargs):
+        raise NotImplementedError(f"{self.name} is on another host: a process here cannot run in it "
+                                  "(use a command line, which runs there)")
 
     def poll(self):  # what Mininet asks of its shell process: still running
         return None
@@ -113,14 +140,25 @@ class RemoteNode(AttachedNode):
         self.cleanup()
 
     def cleanup(self) -> None:
+        """Close Mininet's ends; the relay thread closes its own when it sees the end."""
         if self.shell is None:
             return
         self.shell = None
-        for closing in (self.stdin.close, self.stdout.close, lambda: os.close(self._output_w)):
+        for closing in (self.stdin.close, self.stdout.close):
             try:
                 closing()
             except OSError:
                 pass
+
+
+LINE_SECONDS = 60  # a command line on a remote node: then SIGINT (and SIGKILL 5 s on)
+LINE_BYTES = 1 << 20  # of its output, at most
+BACKGROUND_PID = re.compile(r'\s*printf "\\001%d\\012" \$!\s*$')  # what sendCmd adds after a '&'
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 class AttachedIntf(Intf):
@@ -130,6 +168,9 @@ class AttachedIntf(Intf):
         super().__init__(name, node=node, up=None)  # up=None: do not touch it now
         if address is not None:
             self.ip, self.prefixLen = str(address.ip), address.network.prefixlen
+
+    def updateIP(self):  # noqa: N802 (Mininet's name): the lab set it; no ifconfig on its images
+        return self.ip
 
     def ifconfig(self, *args):
         if args and args[0] in ("up", "down"):

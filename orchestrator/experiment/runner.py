@@ -343,13 +343,13 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         timeline.on_iteration(iteration)
         progress("run", point.id, iteration, iterations)
 
+    planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
     watcher = _IterationWatcher(eps, iterations, on_iteration)
     rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
     result = None
     with _measured(lab, entry, lambda: [dataclasses.asdict(r) for r in timeline.events()]) as counters:
         try:
             with timeline, watcher:
-                planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
                 result = driver.run(eps, point.algorithm.name, planned.tensors,
                                     workloads.build(point.workload, planned.tensors, workers, planned.compute),
                                     iterations=iterations, ctx=context(point, planned.layout),

@@ -45,9 +45,21 @@ def cpu_part(_name: str) -> dict[str, float]:
     return host_cpu()
 
 
+def _off_the_pool() -> None:
+    """A task that may take long (a command, a playbook) leaves its worker's thread pool, so
+    the host's other tasks (a fault, counters, status) do not wait behind it."""
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):  # not in a worker's task (called directly)
+        pass
+
+
 def exec_part(name: str, node: str, argv: list[str], timeout: float | None):
     from orchestrator.emulation.lab import Lab
 
+    _off_the_pool()
     return Lab.attach(name).exec(node, argv, timeout)
 
 
@@ -69,6 +81,11 @@ class Hidden(bytes):
     def __repr__(self) -> str:
         return "<hidden>"
 
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return "<hidden>"
+
 
 def deploy_part(name: str, servers: list[str], roles: dict[str, str], via: str, secret: bytes,
                 extravars: dict | None, timeout: float, forks: int) -> int:
@@ -80,9 +97,11 @@ def deploy_part(name: str, servers: list[str], roles: dict[str, str], via: str, 
     from orchestrator.deploy.agents import share_secret
     from orchestrator.emulation.lab import Lab
 
+    _off_the_pool()
     lab = Lab.attach(name)
-    share_secret(lab.state.dir, secret)
-    deploy(lab, servers, roles, via=via, extravars=extravars, timeout=timeout, forks=forks)
+    share_secret(lab.state.dir, bytes(secret))
+    # the orchestrator checked the lab's faults (this host's log is a copy at most)
+    deploy(lab, servers, roles, via=via, extravars=extravars, timeout=timeout, forks=forks, faults_checked=True)
     return len(servers)
 
 
@@ -91,6 +110,7 @@ def undeploy_part(name: str, servers: list[str], via: str) -> int:
     from orchestrator.deploy import undeploy
     from orchestrator.emulation.lab import Lab
 
+    _off_the_pool()
     undeploy(Lab.attach(name), servers, via=via)
     return len(servers)
 

@@ -158,16 +158,19 @@ class SplitLab:
 
     def _each_host(self, servers: list[str], what: str, task: Callable[[list[str]], tuple], timeout: float) -> None:
         """`task(its servers)` = (work, *args) on every host holding some of `servers`, at
-        once; the first host that fails is named (its log is on that host)."""
+        once; every host that failed is named (its log is on that host)."""
         by_host = self._hosts_of(servers)
+        failed = []
         with ThreadPoolExecutor(max(1, len(by_host))) as pool:
             futures = {host: pool.submit(self.engine.run_on, host, *task(here), timeout=timeout)
                        for host, here in by_host.items()}
             for host, future in futures.items():
                 try:
                     future.result()
-                except TestbedError as exc:
-                    raise DeployError(f"host {host}: {what}: {exc}") from None
+                except Exception as exc:  # noqa: BLE001 - whatever a host raised, named with its host
+                    failed.append(f"host {host}: {what}: {exc if isinstance(exc, TestbedError) else repr(exc)}")
+        if failed:
+            raise DeployError("; ".join(failed))
 
     def down(self) -> dict[str, dict]:
         return clean(self.name, self.engine)
