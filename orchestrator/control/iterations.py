@@ -116,6 +116,7 @@ def under_degrades(records: list[dict], degrades: list[Degrade], warmup: int, pr
     degrades not `shown` only keep others company (their rates were priced already)."""
     spans, sync = iteration_spans(records), sync_times(records)
     timed = [i for i in sorted(spans) if warmup <= i < len(sync)]
+    predicted_for: dict[frozenset, float | None] = {}  # overlapping degrades share their rates: one prediction
     out = []
     for degrade in filter(shown, degrades):
         others = [d for d in degrades if d is not degrade]
@@ -129,7 +130,10 @@ def under_degrades(records: list[dict], degrades: list[Degrade], warmup: int, pr
             rates: dict[tuple[str, str], float] = {}
             for d in sorted([degrade, *(others[j] for j in companions)], key=lambda d: d.applied):
                 rates.update(d.rates())  # the later of two on one link is the one in effect
-            predicted = predict(rates) if held else None
+            key = frozenset(rates.items())
+            if held and key not in predicted_for:
+                predicted_for[key] = predict(rates)
+            predicted = predicted_for[key] if held else None
             measured = statistics.fmean(sync[i] for i in held) if held else None
             out.append({"action": degrade.action, "target": degrade.target,
                         "rate": degrade.label or units.format_rate(degrade.rate), "iterations": held,

@@ -36,8 +36,6 @@ from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
-
-# (phase, text, done, total): phases up, monitor, deploy, run (one call per iteration),
 from orchestrator.control import checker, driver
 from orchestrator.control.iterations import Degrade, under_degrades
 

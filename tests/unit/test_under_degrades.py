@@ -56,7 +56,8 @@ def test_overlapping_degrades_price_their_shared_iterations_together_and_skip_th
     assert by[("h0-sw", ("h1-sw",))]["iterations"] == [3]
     assert by[("h1-sw", ("h0-sw",))]["iterations"] == [3]
     assert {("h0", "sw"): 50e6, ("sw", "h0"): 50e6, ("h1", "sw"): 20e6, ("sw", "h1"): 20e6} in calls
-    assert by[("h0-sw", ("h1-sw",))]["predicted_s"] == 5.0
+    assert by[("h0-sw", ("h1-sw",))]["predicted_s"] == by[("h1-sw", ("h0-sw",))]["predicted_s"] == 5.0
+    assert len(calls) == 2  # the two share iteration 3's rates: the model is asked once for them
 
 
 def test_an_iteration_a_degrade_began_within_is_priced_by_none():
