@@ -25,7 +25,7 @@ APT_PACKAGES=(
     python3 python3-venv python3-dev build-essential
     docker.io mininet iproute2 iptables ethtool iputils-ping fping iperf3 traceroute bridge-utils
     util-linux procps psmisc kmod prometheus debootstrap ca-certificates nftables
-    qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest python3-pyverbs
     daemontools openssh-client strace
 )
 missing=()
@@ -52,6 +52,11 @@ if [ ! -e "$stamp" ]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
     rm -f "$VENV"/.installed-* && touch "$stamp"
 fi
+
+# rdma-core's Python binding comes with Debian's rdma-core (built against this very libibverbs),
+# not from PyPI: the venv sees that package and nothing else of the system's
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ -d /usr/lib/python3/dist-packages/pyverbs ] && ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
 
 # Host settings the README's labs need (up to fattree,16: the neighbour table's cap), one
 # line each with why, from orchestrator/emulation/capacity.py: the figures `testbed up`

@@ -109,7 +109,8 @@ class Engine:
         chosen = transports.get(transport)
         self.transport = chosen.name
         self.sender = chosen.sender(run_id, rank, window_bytes)
-        self.pacer = Pacer(link_rate)
+        self.pace_setter = self.sender.pace if chosen.paces_itself else None
+        self.pacer = Pacer(link_rate, setter=self.pace_setter)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
         # (condition, then, future or None): what `_until` and `admit_soon` wait for
@@ -141,7 +142,7 @@ class Engine:
                 [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in self.plans]:
             raise ValueError("the new plan's transfers differ from the configured ones")
         self.plans = plans
-        self.pacer = Pacer(link_rate, self.pacer.stale)
+        self.pacer = Pacer(link_rate, self.pacer.stale, self.pace_setter)
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:
@@ -330,9 +331,15 @@ class Engine:
 
     # -- sending --------------------------------------------------------------------------
     def _target(self, send: Send) -> str:
-        """The peer's address on the NIC the transfer names, for this run's transport."""
+        """The peer's address on the NIC the transfer names, for this run's transport; where
+        it names none, the one the transport picks among the peer's (rdma: one its NIC
+        reaches directly, since RoCE is taken only by the NIC that owns the address)."""
         peer = self.peers[send.dst]
-        address = peer["by_nic"].get(send.nic, peer["address"]) if send.nic >= 0 else peer["address"]
+        if send.nic >= 0:
+            address = peer["by_nic"].get(send.nic, peer["address"])
+        else:
+            pick = transports.get(self.transport).pick_address
+            address = pick([peer["address"], *peer["by_nic"].values()]) if pick else peer["address"]
         return transports.address_for(self.transport, address)
 
     async def _send(self, partition: int, step: int, send: Send, key: tuple[int, int]) -> None:
@@ -343,7 +350,7 @@ class Engine:
         state = self.states[partition]
         left = state.sending[key]
         target = self._target(send)
-        if send.share < 1 and target not in self.pacer.fds:
+        if send.share < 1 and target not in self.pacer.fds and self.pace_setter is None:
             # its socket exists once connected (`connect` waited already; this is a reconnect)
             await self.sender.ready(target, RECONNECT_WAIT)
         self.pacer.begin(target, (partition, key), send.share)
@@ -516,7 +523,7 @@ class Engine:
         for stream, _ in [*self.streams.values(), *self.unacknowledged]:
             stream.cancel()
         await self.sender.close()
-        for sock in list(self.inbound):  # their reading threads end
+        for sock in list(self.inbound):  # their reading threads end (an rdma queue pair closes)
             try:
                 sock.shutdown(2)  # SHUT_RDWR
             except OSError:

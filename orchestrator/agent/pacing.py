@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from typing import Callable
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 UNPACED = 2**64 - 1  # the kernel's "no limit" (~0UL): a socket's own until it is paced
@@ -114,9 +115,13 @@ class Pacer:
     pairwise steps of halving-doubling on star,8 took 1.25-1.36 × the model's time, unpaced
     1.19-1.29 (a paced connection restarting after idle cannot send its window at once)."""
 
-    def __init__(self, link_rate: float, stale: frozenset[int] = frozenset()) -> None:
+    def __init__(self, link_rate: float, stale: frozenset[int] = frozenset(),
+                 setter: Callable[[str, float], None] | None = None) -> None:
         self.link_rate = link_rate
         self.stale = stale  # socket inodes of connections that are not this run's
+        # a transport that paces itself (rdma: no socket, no congestion control) is told the
+        # rate instead, a hair under the link even when the connection has it to itself
+        self.setter = setter
         self.active: dict[str, dict[object, float]] = {}  # target → {transfer key: share}
         self.fds: dict[str, int] = {}
         self.applied: dict[str, tuple[int, int | None, int]] = {}  # target → (descriptor, inode, rate) last set
@@ -132,6 +137,9 @@ class Pacer:
 
     def _apply(self, target: str) -> None:
         share = max(self.active[target].values())
+        if self.setter is not None:
+            self.setter(target, min(share, 1.0) * SLACK * self.link_rate)
+            return
         rate = UNPACED if share >= 1 else int(share * SLACK * self.link_rate)
         host, port = target.rsplit(":", 1)
         fd = self.fds.get(target)

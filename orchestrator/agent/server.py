@@ -1,6 +1,6 @@
 """`testbed-agent`: one process per server, a gRPC Control service on the management address
 and the data plane on the data-plane addresses: a gRPC Data service on each address's port
-and the tcp transport's listener on the next port (agent/transports).
+and each transport's listener on the ports after it (agent/transports).
 
     TESTBED_AGENT_TOKEN=… testbed-agent --node h00 --control 198.18.0.2:7000 \
                   --data 10.0.0.1:7001,10.1.0.1:7001 --metrics 198.18.0.2:9100
@@ -53,7 +53,6 @@ from orchestrator.agent.auth import TOKEN_ENV, TokenCheck  # noqa: E402
 from orchestrator.agent import transports  # noqa: E402
 from orchestrator.agent.engine import Engine  # noqa: E402
 from orchestrator.agent.transports.grpc_push import channel_options, decode_chunk  # noqa: E402
-from orchestrator.agent.transports.tcp import TcpListener  # noqa: E402
 from orchestrator.agent.metrics import Metrics  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc  # noqa: E402
@@ -401,13 +400,20 @@ async def serve(
     data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
-    listeners = [TcpListener(transports.address_for("tcp", address), agent.engine_for) for address in data]
-    for listener in listeners:
-        try:
-            listener.bind()
-        except OSError as exc:
-            raise SystemExit(f"testbed-agent: cannot listen on {listener.address} (the tcp transport, the data "
-                             f"port + 1): {exc.strerror}") from None
+    listeners = []
+    for transport in transports.with_listeners():  # tcp, rdma, a user's: each on every data address
+        for address in data:
+            listener = transport.listener(transports.address_for(transport.name, address), agent.engine_for)
+            try:
+                listener.bind()
+            except OSError as exc:
+                if transport.optional:  # e.g. rdma on a NIC without an rxe device: the others serve
+                    print(f"testbed-agent {node}: no {transport.name} transport on {address}: {exc.strerror or exc}",
+                          flush=True)
+                    continue
+                raise SystemExit(f"testbed-agent: cannot listen on {listener.address} (the {transport.name} "
+                                 f"transport, the data port + {transport.port_offset}): {exc.strerror}") from None
+            listeners.append(listener)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):  # a supervisor's stop: health goes NOT_SERVING first
         loop.add_signal_handler(signum, agent.stopping.set)

@@ -20,6 +20,30 @@ def tcp_efficiency(mtu: int) -> float:
     return (mtu - TCP_IP_HEADERS) / (mtu + ETHERNET_HEADER)
 
 
+# RoCE v2 (soft-RoCE): a packet's payload is the path MTU, the largest InfiniBand MTU that
+# fits the netdev's MTU less rxe's header allowance (1024 at MTU 1500, 4096 at 9000), inside
+# Ethernet (14) + IPv4 (20) + UDP (8) + the base transport header (12) + its CRC (4).
+IB_MTUS = (256, 512, 1024, 2048, 4096)
+RXE_HEADER_ALLOWANCE = 80  # what rxe subtracts from the netdev's MTU before choosing (rxe_param.h)
+ROCE_HEADERS = 14 + 20 + 8 + 12 + 4
+
+
+def roce_mtu(mtu: int) -> int:
+    """RoCE's path MTU on a netdev of `mtu` bytes, as rxe chooses it."""
+    fitting = [m for m in IB_MTUS if m <= mtu - RXE_HEADER_ALLOWANCE]
+    return fitting[-1] if fitting else IB_MTUS[0]
+
+
+def roce_efficiency(mtu: int) -> float:
+    """Payload bytes per shaped byte for RoCE v2 SENDs: 1024/1082 = 0.9464 at MTU 1500."""
+    payload = roce_mtu(mtu)
+    return payload / (payload + ROCE_HEADERS)
+
+
+# what a transport's bytes look like on the wire, by the name its registration gives
+WIRES = {"tcp": tcp_efficiency, "roce": roce_efficiency}
+
+
 @dataclass(frozen=True)
 class Network:
     """Every link direction carries `bandwidth` bits/s, of which `efficiency` is payload.
@@ -56,12 +80,12 @@ class Network:
 
     @classmethod
     def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0,
-                   cores: int | None = None) -> "Network":
+                   cores: int | None = None, wire: str = "tcp") -> "Network":
         """From a lab's `links` (anything with bandwidth in bits/s, delay in seconds, mtu):
-        efficiency by default from the MTU (`tcp_efficiency`)."""
+        efficiency by default from the MTU and the transport's `wire` (WIRES: tcp, roce)."""
         return cls(
             bandwidth=float(links.bandwidth),
-            efficiency=tcp_efficiency(links.mtu) if efficiency is None else efficiency,
+            efficiency=WIRES[wire](links.mtu) if efficiency is None else efficiency,
             latency=latency,
             delay=float(links.delay),
             mtu=int(links.mtu),

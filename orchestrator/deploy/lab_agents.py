@@ -37,7 +37,7 @@ from orchestrator.collectives.context import Context
 from orchestrator.control.driver import Endpoint, RunResult, shutdown
 from orchestrator.control.iterations import degrades_of, under_degrades
 from orchestrator.cost.routes import Routes
-from orchestrator.errors import TestbedError
+from orchestrator.errors import BadUsage, TestbedError
 
 log = logging.getLogger("testbed.agents")
 
@@ -68,11 +68,15 @@ class LabAgents(list):
         from orchestrator.cost import Network
         from orchestrator.control import driver, workloads
 
+        wire = transports.get(transport).wire  # RoCE's payload share is not TCP's
+        if wire == "roce" and getattr(self.lab.spec, "rdma", "none") != "softroce":
+            raise BadUsage(f"transport={transport!r} carries RoCE, which lab {self.lab.name}'s NICs do not speak: "
+                           "build it with rdma: softroce (a kernel with per-namespace rdma_rxe), or use tcp")
         workers = [e for e in self if e.role == "worker"]
         ranked = sorted(self, key=lambda e: e.rank)
         ctx = Context(len(workers), as_degraded(self.lab), tuple(e.node for e in ranked), dict(options or {}))
         workload = workloads.emulated(tensors) if workload is None else workload
-        faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency),
+        faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency, wire=wire),
                              link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
         started = time.time()

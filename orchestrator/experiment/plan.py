@@ -175,7 +175,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
         raise SpecError(f"{source}: {field}.{exc} (run {point.id})") from None
     try:
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
-                                     cores=latency.cores if latency else None)
+                                     cores=latency.cores if latency else None,
+                                     wire=transports.get(spec.agents.transport).wire)
         try:
             drawn = workloads.drawn_compute(point.workload, len(ranks.workers), iterations)
         except ValueError as exc:

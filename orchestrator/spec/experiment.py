@@ -167,7 +167,8 @@ class AgentsSpec(_Strict):
     algorithms: list[Annotated[AlgorithmSpec, BeforeValidator(_algorithm)]] = Field(
         default_factory=list, max_length=100, description="the algorithm axis (with jobs: left out, each job names its own)")
     workload: WorkloadSpec
-    transport: str = Field("tcp", description="how agents move chunks: tcp (at the kernel's cost) or grpc (Data.Push)")
+    transport: str = Field("tcp", description="how agents move chunks: tcp (at the kernel's cost), grpc (Data.Push) or rdma "
+                           "(RoCE v2 queue pairs; a lab with rdma: softroce)")
 
     @field_validator("transport")
     @classmethod
@@ -353,6 +354,11 @@ class ExperimentSpec(_Strict):
                              f"{' and '.join(SIZED_KINDS)}")
         self._frameworks_fit()
         self._jobs_fit()
+        from orchestrator.agent import transports  # a table of names; no I/O
+
+        if transports.get(self.agents.transport).wire == "roce" and self.lab.rdma != "softroce":
+            raise ValueError(f"agents.transport: {self.agents.transport} carries RoCE, which this lab's NICs do not "
+                             "speak: set lab.rdma: softroce (a kernel with per-namespace rdma_rxe), or use tcp")
         links = self.lab.links
         labels = [setting.label for setting in self.sweep.queues]
         for index, label in enumerate(labels):

@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.agent import transports
+from tests.transport_params import transport_params
 from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.control import driver, workloads
@@ -39,7 +40,7 @@ def agents():
         yield endpoints
 
 
-@pytest.mark.parametrize("transport", transports.names())
+@pytest.mark.parametrize("transport", transport_params())
 def test_control_and_health_answer_within_a_second_under_a_saturated_data_plane(agents, transport):
     outcome: dict = {}
     running = threading.Event()

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator import topology
 from orchestrator.agent import transports
+from tests.transport_params import transport_params
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.control import driver, workloads
@@ -39,7 +40,7 @@ def agents():
         yield endpoints
 
 
-@pytest.mark.parametrize("transport", transports.names())
+@pytest.mark.parametrize("transport", transport_params())
 @pytest.mark.parametrize("algorithm", sorted(registry.ALGORITHMS))
 def test_every_algorithm_completes_with_exact_sums(agents, algorithm, transport):
     workers = WORKERS.get(algorithm, 6)
@@ -163,7 +164,7 @@ def test_reported_peak_memory_is_the_agents_own_not_its_launchers():
         assert agent.buffer_mib == pytest.approx(tensors[0] * 4 / 2**20)
 
 
-@pytest.mark.parametrize("transport", transports.names())
+@pytest.mark.parametrize("transport", transport_params())
 def test_a_traced_run_records_every_transfer_at_both_ends(agents, transport):
     # the trace is what the model's flows are held against: every send of the schedule has
     # its receive, with the same range, and times in order

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.agent import transports
+from tests.transport_params import transport_params
 from orchestrator.collectives import registry
 from orchestrator.collectives.context import Context
 from orchestrator.cost import Network
@@ -77,7 +78,7 @@ def _established(lab, server: str) -> list[int]:
     return [int(line.split()[-1].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("transport", transports.names())
+@pytest.mark.parametrize("transport", transport_params())
 @pytest.mark.parametrize("algorithm", sorted(a for a in registry.ALGORITHMS if a != "hdrm"))
 def test_every_algorithm_is_exact_over_each_transport_on_bcube(bcube, algorithm, transport):
     lab, endpoints = bcube
@@ -86,7 +87,7 @@ def test_every_algorithm_is_exact_over_each_transport_on_bcube(bcube, algorithm,
     assert transports.data_port(transport, DATA_PORT) in _established(lab, endpoints[0].node)
 
 
-@pytest.mark.parametrize("transport", transports.names())
+@pytest.mark.parametrize("transport", transport_params())
 def test_hdrm_is_exact_over_each_transport_on_bigraph(bigraph, transport):
     lab, endpoints = bigraph
     _run(lab, endpoints, "hdrm", transport)

@@ -111,7 +111,7 @@ def test_predict_and_the_dry_run_show_the_need_and_the_rate_that_stays_ok(state,
 def test_an_unknown_transport_is_one_line():
     result = CliRunner().invoke(app, ["predict", "star,8", "-a", "ring", "--transport", "pigeon"])
     assert result.exit_code != 0
-    assert str(result.exception) == "--transport: unknown transport 'pigeon': one of grpc, tcp"
+    assert str(result.exception) == "--transport: unknown transport 'pigeon': one of grpc, rdma, tcp"
 
 
 AUTO = ("name: e\nlab: {name: e, topology: {kind: bcube, n: 4, k: 1}, links: {bandwidth: auto}, "

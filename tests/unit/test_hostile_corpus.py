@@ -122,7 +122,7 @@ EXPERIMENTS = [
                                               partitioning={"partition_bytes": "8KB"}),
      ["partitioning.partition_bytes", "in 5,120 partitions is 122,880 transfers", "more than the 60,000"]),
     ("docker-memory", experiment(lab__servers={"runtime": "docker", "memory": "64M"}), ["servers.memory"]),
-    ("transport", experiment(agents__transport="carrier-pigeon"), ["agents.transport", "grpc, tcp"]),
+    ("transport", experiment(agents__transport="carrier-pigeon"), ["agents.transport", "grpc, rdma, tcp"]),
     ("auto-and-sweep", experiment(lab__links={"bandwidth": "auto"}, sweep={"link_rates": ["1Gbit", "10Mbit"]}),
      ["lab.links.bandwidth: auto", "sweep.link_rates"]),
     ("sweep-topology", experiment(sweep={"topologies": ["bcube,99,1"]}), ["hostile.yaml", "sweep.topologies"]),

@@ -308,7 +308,9 @@ def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus
         (job / "run.sh").write_text(script)
         argv = [
             QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
-            "-accel", ACCEL, "-no-reboot", "-m", str(memory_mb), "-smp", str(cpus),
+            # -cpu max: every instruction qemu emulates (SSE4.2, AVX2...); the default qemu64
+            # model lacks what this venv's numpy is built for, and its import dies of SIGILL
+            "-accel", ACCEL, "-cpu", "max", "-no-reboot", "-m", str(memory_mb), "-smp", str(cpus),
             "-kernel", str(kernel.vmlinuz), "-initrd", str(kernel.initrd),
             "-append", f"console=ttyS0 quiet panic=-1 tb.modules={kernel.modules} tb.project={PROJECT}",
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",

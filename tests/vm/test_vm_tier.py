@@ -5,7 +5,8 @@ Two kernels, each booted once per session:
   labs, marking queues (RED, CoDel, FQ-CoDel) with dctcp under a mesh, and the refusal of
   soft-RoCE labs, since its rdma_rxe serves only the initial network namespace;
 - the stock kernel of TESTBED_VM_RDMA_SUITE (default trixie-backports, whose rdma_rxe is
-  per-namespace): soft-RoCE provisioning and an RDMA exchange across a lab's fabric.
+  per-namespace): soft-RoCE provisioning, RDMA exchanges across a lab's fabric, and ring and
+  HiPS over the agents' rdma transport.
 Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
 it takes about two and a half minutes once the kernels are cached (the first run downloads
 ~100 MB per kernel).
@@ -105,6 +106,8 @@ def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run):
     assert rdma_run.returncode == 0, explain(rdma_run)
     exchanges = [name for name in figures(rdma_run) if name.startswith("rdma_ib_send_bw")]
     assert len(exchanges) == 2, explain(rdma_run)  # they ran, they were not skipped
+    agents = [name for name in figures(rdma_run) if name.startswith("rdma_agents")]
+    assert len(agents) == 2, explain(rdma_run)  # ring and HiPS over the agents' rdma transport
 
 
 def test_vm_tier_leaves_nothing_on_the_host(vm_runs):

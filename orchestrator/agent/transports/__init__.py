@@ -8,8 +8,11 @@ transport only moves one rank's chunks to a peer's address and says why it could
     grpc   gRPC Data.Push streams (HTTP/2): the reference path, any gRPC peer can speak it
     tcp    one plain TCP connection per (peer, NIC), read straight into the gradient buffer
            and written from it by threads outside the interpreter lock: the kernel's cost
+    rdma   RoCE v2 queue pairs per (peer, NIC) over soft-RoCE, through pyverbs and rdma_cm;
+           paced by the agent, since rxe has no congestion control
 
-A user's transport registers with `register(name, factory, port_offset)` the way these do.
+A user's transport registers with `register(name, factory, port_offset, listener=…)` the way
+these do; the agent serves every registered transport's listener on each data address.
 """
 
 from __future__ import annotations
@@ -32,16 +35,33 @@ class Transport:
     # bytes of a send the kernel takes before they leave: a rank's send is handed over, and
     # its next step may start, once no more than this waits (the cost model counts it)
     send_buffer: int = 0
+    # listener(address, engine_for) → an object with bind(), async start() and close(): what
+    # an agent serves on each data address (None: the transport's chunks arrive over gRPC Data)
+    listener: Callable[..., object] | None = None
+    # an address where its listener cannot bind (no RDMA device there) is served without it
+    optional: bool = False
+    # the sender paces itself (`pace(target, bytes_per_s)`): no kernel socket to pace, and
+    # no congestion control of its own, so it is paced even with the link to itself
+    paces_itself: bool = False
+    # its bytes on the wire, for the model's payload share (cost.network.WIRES: tcp, roce)
+    wire: str = "tcp"
+    # pick_address([host:port, ...]) → the one to send to when a transfer names no NIC
+    # (None: the peer's first address, which the kernel routes to whichever NIC it arrives on)
+    pick_address: Callable[[list[str]], str] | None = None
 
 
 TRANSPORTS: dict[str, Transport] = {}
 
 
 def register(name: str, sender: Callable[..., object], port_offset: int, about: str = "",
-             holds_messages: bool = False, send_buffer: int = 0) -> None:
+             holds_messages: bool = False, send_buffer: int = 0, listener: Callable[..., object] | None = None,
+             optional: bool = False, paces_itself: bool = False, wire: str = "tcp",
+             pick_address: Callable[[list[str]], str] | None = None) -> None:
     """Add (or replace) the transport `name`: `sender(run_id, rank, window_bytes)` makes a
-    rank's sending side; its peers listen on each data address's port + `port_offset`."""
-    TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer)
+    rank's sending side; its peers listen on each data address's port + `port_offset`
+    (with `listener`, see Transport)."""
+    TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer, listener,
+                                 optional, paces_itself, wire, pick_address)
 
 
 def get(name: str) -> Transport:
@@ -55,6 +75,12 @@ def get(name: str) -> Transport:
 def names() -> list[str]:
     _builtins()
     return sorted(TRANSPORTS)
+
+
+def with_listeners() -> list[Transport]:
+    """The transports an agent listens for, each on every data address."""
+    _builtins()
+    return [t for t in TRANSPORTS.values() if t.listener is not None]
 
 
 def address_for(name: str, data_address: str) -> str:
@@ -73,4 +99,4 @@ def data_port(name: str, port: int) -> int:
 
 def _builtins() -> None:
     # imported on first use (they import this table): each registers itself
-    from orchestrator.agent.transports import grpc_push, tcp  # noqa: F401
+    from orchestrator.agent.transports import grpc_push, rdma, tcp  # noqa: F401

@@ -278,10 +278,6 @@ class TcpSender:
         self.connections.clear()
 
 
-register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), read and written outside the interpreter lock",
-         send_buffer=SEND_BUFFER_BYTES)
-
-
 # -- receiving ------------------------------------------------------------------------------
 class TcpListener:
     """Accepts the tcp transport's connections on one address; a thread reads each.
@@ -434,3 +430,6 @@ class _Reader:
         self.staged.clear()
         self.staged_bytes.clear()
 
+
+register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), read and written outside the interpreter lock",
+         send_buffer=SEND_BUFFER_BYTES, listener=TcpListener)

@@ -3,7 +3,8 @@
 Where rdma_rxe serves only the initial network namespace (Linux 6.1 and 6.12: Debian 12's
 kernels) a soft-RoCE lab must be refused, since no RoCE packet could pass between servers
 that each live in their own namespace. Where it is per-namespace, every data NIC of every
-server gets an ACTIVE rxe device, and servers exchange data with RDMA across the fabric.
+server gets an ACTIVE rxe device, and servers exchange data with RDMA across the fabric —
+perftest's, and the agents' own rdma transport (ring and HiPS, bit-identical to tcp).
 """
 
 from __future__ import annotations
@@ -92,29 +93,29 @@ CLOCK_REFUSAL = "Can't produce a report"
 ATTEMPTS = 5
 
 
-def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3) -> dict:
-    """Run perftest's ib_send_bw from `client` to `server`'s address over rdma_cm (-R: the
-    connection is resolved from IP addresses, as RoCE v2 is routed, and the rxe device with
-    it). Returns the client's figures."""
+def ib_send_bw(lab: Lab, client: str, server: str, seconds: int = 3, tool: str = "ib_send_bw") -> dict:
+    """Run perftest's ib_send_bw (or `tool`: ib_write_bw) from `client` to `server`'s address
+    over rdma_cm (-R: the connection is resolved from IP addresses, as RoCE v2 is routed, and
+    the rxe device with it). Returns the client's figures."""
     outputs = []
     for _ in range(ATTEMPTS):
-        figures, output = _one_exchange(lab, client, server, seconds)
+        figures, output = _one_exchange(lab, client, server, seconds, tool)
         if figures is not None:
             return figures
         outputs.append(output)
         if CLOCK_REFUSAL not in output:
             break
-    raise AssertionError(f"ib_send_bw {client} -> {server} gave no figures in {len(outputs)} tries:\n"
+    raise AssertionError(f"{tool} {client} -> {server} gave no figures in {len(outputs)} tries:\n"
                          + "\n---\n".join(outputs))
 
 
-def _one_exchange(lab: Lab, client: str, server: str, seconds: int) -> tuple[dict | None, str]:
+def _one_exchange(lab: Lab, client: str, server: str, seconds: int, tool: str) -> tuple[dict | None, str]:
     """(figures, output) of one exchange: the client's figures, or the receiver's where the
     client refused to report. A client that printed its figures and then hung in perftest's
     closing handshake (seen in CI: its 3 s done, then waiting until `timeout`) has measured
     what it was asked to: its figures count, and the deadline is the run plus 30 s."""
     target = str(lab.topology.address_of(server))
-    perftest = f"ib_send_bw -R -D {seconds}"
+    perftest = f"{tool} -R -D {seconds}"
     with tempfile.NamedTemporaryFile("r", suffix=".out") as log:
         listener = lab.popen(server, f"exec stdbuf -oL {perftest} > {log.name} 2>&1")
         try:
@@ -166,3 +167,78 @@ def test_rdma_send_between_servers_across_the_fabric(roce_lab, figure, shape, cl
     })
     assert result["iterations"] > 0 and result["MB_per_s"] > 0
     assert carried >= moved, f"{first_hop} forwarded {carried} bytes, the exchange moved {moved}"
+
+
+# -- the agents' rdma transport ------------------------------------------------------------
+def rxe_sent_packets(lab: Lab, server: str) -> int:
+    """Packets the server's rxe devices have sent (their hardware counters, read in its namespace)."""
+    out = lab.exec(server, "rdma -j statistic show").stdout
+    return sum(int(port.get("sent_pkts", 0)) for port in json.loads(out or "[]"))
+
+
+@pytest.fixture(scope="module")
+def roce_agents(roce_lab):
+    """bcube,2,1 over soft-RoCE with an agent on each server, started directly (Ansible is
+    tested elsewhere and costs minutes under software emulation)."""
+    from orchestrator.deploy import deploy
+
+    lab = roce_lab("bcube,2,1")
+    deployment = deploy(lab, via="exec", timeout=240)
+    yield lab, deployment.endpoints
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "hips"])
+def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, algorithm):
+    """Ring and HiPS over the rdma transport on bcube,2,1: exact sums, a clean checker, the
+    digits model's parameters bit-identical to the same run over tcp, and the bytes carried by
+    the rxe devices (their packet counters grow by at least the gradient's MTU-sized packets)."""
+    from dataclasses import replace
+
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import checker, driver, workloads
+    from orchestrator.cost import Network
+    from orchestrator.deploy import lab_agents
+
+    lab, endpoints = roce_agents
+    by_node = {e.node: e for e in endpoints}
+    # a ring whose neighbours are one digit apart: their paths are symmetric, which an rxe
+    # queue pair needs (see above); HiPS only ever pairs servers of one BCube group
+    order = ["h00", "h01", "h11", "h10"]
+    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
+    ctx = Context(4, lab.topology, tuple(order))
+    specs = [workloads.digits(4, rank) for rank in range(4)]
+    tensors = specs[0]["tensors"]
+    digests, seconds = {}, {}
+    for transport in ("tcp", "rdma"):
+        before = rxe_sent_packets(lab, "h00")
+        result = driver.run(eps, algorithm, tensors, specs, iterations=3, ctx=ctx, transport=transport,
+                            network=Network.from_links(lab.spec.links),
+                            flow_paths=lab_agents.flow_paths(lab, transport), timeout=900)
+        sent = rxe_sent_packets(lab, "h00") - before
+        records = result.records()
+        last = {r["param_digest"] for r in records if r["iteration"] == 2}
+        assert len(last) == 1, (transport, last)  # every worker agrees
+        digests[transport] = last.pop()
+        report = checker.check_run(result, emulated=False)
+        assert report.clean, (transport, str(report))
+        seconds[transport] = round(sum(r["gst_s"] for r in records if r["rank"] == 0) / 3, 4)
+        gradient = 4 * sum(tensors)
+        if transport == "rdma":  # h00 sent its share of every allreduce through rxe
+            assert sent >= 3 * gradient // 2 // 1024, (sent, gradient)
+        else:
+            assert sent < 16, sent  # tcp went past the rxe devices
+    assert digests["rdma"] == digests["tcp"]
+    # a gradient of 4 MB: chunks of many 256 KiB messages, paced, summed exactly
+    big = [1_000_000]
+    result = driver.run(eps, algorithm, big, workloads.emulated(big), iterations=2, ctx=ctx, transport="rdma",
+                        network=Network.from_links(lab.spec.links, wire="roce"), timeout=900)
+    assert all(r["verified"] for r in result.records()), result.records()
+    assert checker.check_run(result).clean
+    big_s = round(sum(r["gst_s"] for r in result.records() if r["rank"] == 0) / 2, 3)
+    # perftest's RDMA WRITE on the ring's first link, beside it (under qemu's emulation both
+    # are the CPU's figures, not RoCE's)
+    write_bw = ib_send_bw(lab, "h00", "h01", seconds=2, tool="ib_write_bw")
+    figure(f"rdma_agents {algorithm} bcube,2,1 digits", {
+        "s_per_iteration": seconds, "param_digest_equal": True, "gradient_bytes": 4 * sum(tensors),
+        "rdma_4MB_s_per_iteration": big_s,
+        "ib_write_bw_h00_h01_MB_per_s": write_bw["MB_per_s"]})
