@@ -140,6 +140,17 @@ def pair(engine: FakeEngine):
     return connection, inbound
 
 
+async def introduced(engine: FakeEngine):
+    """A joined pair whose sender has said HELLO for the engine's run, and a stream on it."""
+    connection, inbound = pair(engine)
+    connection.loop = inbound.loop = asyncio.get_running_loop()
+    hello = engine.run_id.encode()
+    await connection.send(_frame(HELLO, src=3, count=len(hello)) + hello)
+    stream = rdma.RdmaStream(None, "peer")
+    stream.connection, stream.id = connection, 0
+    return connection, inbound, stream
+
+
 async def pump(*endpoints, rounds: int = 50) -> None:
     """Deliver completions (what the loop's readers do) and let tasks run, `rounds` times."""
     for _ in range(rounds):
@@ -195,12 +206,7 @@ def test_a_chunk_that_may_not_land_yet_is_staged_and_applied_in_order():
     async def go():
         engine = FakeEngine(1000)
         engine.open_from = -1  # nothing may land yet
-        connection, inbound = pair(engine)
-        connection.loop = inbound.loop = asyncio.get_running_loop()
-        hello = engine.run_id.encode()
-        await connection.send(_frame(HELLO, src=3, count=len(hello)) + hello)
-        stream = rdma.RdmaStream(None, "peer")
-        stream.connection, stream.id = connection, 0
+        connection, inbound, stream = await introduced(engine)
         first, second = np.full(500, 1, np.float32), np.full(500, 2, np.float32)
         pumping(connection, inbound)
         await stream.write(chunk(0, 0, 500, True), first)
@@ -222,12 +228,7 @@ def test_a_chunk_the_engine_refuses_reaches_the_sender_as_its_reason():
     async def go():
         engine = FakeEngine(1000)
         engine.limit = 100  # the transfer is 100 elements: a chunk past it overruns
-        connection, inbound = pair(engine)
-        connection.loop = inbound.loop = asyncio.get_running_loop()
-        hello = engine.run_id.encode()
-        await connection.send(_frame(HELLO, src=3, count=len(hello)) + hello)
-        stream = rdma.RdmaStream(None, "peer")
-        stream.connection, stream.id = connection, 0
+        connection, inbound, stream = await introduced(engine)
         pumping(connection, inbound)
         await stream.write(chunk(0, 50, 100, True), np.ones(100, np.float32))
         await stream.finish()
