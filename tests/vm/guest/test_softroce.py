@@ -242,3 +242,60 @@ def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, al
         "s_per_iteration": seconds, "param_digest_equal": True, "gradient_bytes": 4 * sum(tensors),
         "rdma_4MB_s_per_iteration": big_s,
         "ib_write_bw_h00_h01_MB_per_s": write_bw["MB_per_s"]})
+
+
+def test_a_cut_link_under_an_rdma_run_fails_it_naming_the_ranks_and_a_rerun_after_heals(roce_agents, figure):
+    """Stall naming over rdma: a ring run whose link h01-l0s0 is cut mid-run fails in
+    bounded time with one line naming the ranks on that link (the queue pair's retries end,
+    or the driver's stall detection fires first), and once healed a run over rdma is exact."""
+    import threading
+    import time
+    from dataclasses import replace
+
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import driver, workloads
+    from orchestrator.cost import Network
+    from orchestrator.faults import Injector
+
+    lab, endpoints = roce_agents
+    by_node = {e.node: e for e in endpoints}
+    order = ["h00", "h01", "h11", "h10"]
+    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
+    ctx = Context(4, lab.topology, tuple(order))
+    tensors = [1_000_000]
+    outcome: dict = {}
+
+    def go() -> None:
+        try:
+            outcome["result"] = driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=2000, ctx=ctx,
+                                           transport="rdma", network=Network.from_links(lab.spec.links, wire="roce"),
+                                           timeout=600, stall_timeout=10.0, link_state=lab.link_up)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = exc
+        outcome["ended"] = time.monotonic()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    with driver.control_stubs(eps) as stubs:  # until every agent is past its first iterations
+        deadline = time.monotonic() + 120
+        while not all(s.state == "running" and s.iteration >= 2
+                      for s in (stubs[e.control].Status(driver.pb.Empty(), timeout=10) for e in eps)):
+            assert "ended" not in outcome and time.monotonic() < deadline, outcome
+            time.sleep(0.2)
+    injector = Injector(lab)
+    cut = injector.inject("link-down", "h01-l0s0")
+    cut_at = time.monotonic()
+    try:
+        thread.join(120)
+        assert "ended" in outcome, "the run did not fail after its link was cut"
+        error, message = outcome.get("error"), str(outcome.get("error"))
+        assert isinstance(error, driver.RunError), outcome
+        assert "\n" not in message and "(h01)" in message and "(h00)" in message, message
+        figure("rdma_cut_link_detected_s", {"seconds": round(outcome["ended"] - cut_at, 1), "message": message[:300]})
+    finally:
+        injector.undo(cut.fault.id)
+        thread.join(60)
+    small = [100_000]
+    again = driver.run(eps, "ring", small, workloads.emulated(small), iterations=2, ctx=ctx, transport="rdma",
+                       timeout=300)
+    assert all(r["verified"] for r in again.records())
