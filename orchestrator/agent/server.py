@@ -400,7 +400,7 @@ async def serve(
     data_server.add_generic_rpc_handlers((DataService(agent).handler(),))
     for address in data:
         _bind(data_server, address)
-    listeners = []
+    listeners, later = [], []
     for transport in transports.with_listeners():  # tcp, rdma, a user's: each on every data address
         for address in data:
             listener = transport.listener(transports.address_for(transport.name, address), agent.engine_for)
@@ -408,8 +408,9 @@ async def serve(
                 listener.bind()
             except OSError as exc:
                 if transport.optional:  # e.g. rdma on a NIC without an rxe device: the others serve
-                    print(f"testbed-agent {node}: no {transport.name} transport on {address}: {exc.strerror or exc}",
-                          flush=True)
+                    print(f"testbed-agent {node}: no {transport.name} transport on {address} yet (tried again "
+                          f"every {RELISTEN_S:g} s): {exc.strerror or exc}", flush=True)
+                    later.append(listener)
                     continue
                 raise SystemExit(f"testbed-agent: cannot listen on {listener.address} (the {transport.name} "
                                  f"transport, the data port + {transport.port_offset}): {exc.strerror}") from None
@@ -421,10 +422,13 @@ async def serve(
     await data_server.start()
     for listener in listeners:
         await listener.start()
+    retrying = asyncio.ensure_future(_listen_later(node, later, listeners)) if later else None
     for service in (CONTROL_SERVICE, DATA_SERVICE):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"testbed-agent {node}: control {control}, data {','.join(data)}", flush=True)
     await agent.stopping.wait()
+    if retrying is not None:
+        retrying.cancel()
     await health.enter_graceful_shutdown()
     await agent.stop()
     await asyncio.sleep(0.1)  # let the Shutdown reply leave
@@ -432,6 +436,26 @@ async def serve(
         listener.close()
     await data_server.stop(0.5)
     await control_server.stop(0.5)
+
+
+RELISTEN_S = 1.0  # how often an optional transport's listener that could not bind tries again
+
+
+async def _listen_later(node: str, waiting: list, serving: list) -> None:
+    """Bind the optional listeners that could not bind at start, as soon as they can: a
+    server restarted after a crash gets its agent before its links (and the RDMA devices on
+    them) are up again, and a listener never bound would cut it off that transport for good."""
+    while waiting:
+        await asyncio.sleep(RELISTEN_S)
+        for listener in list(waiting):
+            try:
+                listener.bind()
+            except OSError:
+                continue
+            await listener.start()
+            waiting.remove(listener)
+            serving.append(listener)
+            print(f"testbed-agent {node}: now listening on {listener.address}", flush=True)
 
 
 def _bind(server: grpc.aio.Server, address: str) -> None:
