@@ -35,6 +35,7 @@ import errno
 import fcntl
 import os
 import socket
+import sys
 from collections import deque
 from typing import Awaitable, Callable
 
@@ -67,6 +68,7 @@ EVENT_FD = "anon_inode:[infinibandevent]"  # a completion channel (or a device's
 CM_FD = "/dev/infiniband/rdma_cm"
 SPINS = 8  # readable wake-ups in a row that drained nothing: not a completion channel
 RESOLVE_MS = 2000  # rdma_cm's address and route resolution, each
+HELLO_WAIT_S = 60.0  # an accepted queue pair that has said nothing by then is closed
 
 
 def unavailable() -> str:
@@ -150,7 +152,7 @@ def on_link(candidates: list[str], routes: list[tuple[int, int, bool]] | None = 
     for candidate in candidates:
         host = candidate.rsplit(":", 1)[0]
         try:
-            packed = int.from_bytes(socket.inet_aton(host), "little")  # /proc/net/route's byte order
+            packed = int.from_bytes(socket.inet_aton(host), sys.byteorder)  # /proc/net/route: the host's order
         except OSError:
             continue
         best = max(((bin(mask).count("1"), direct) for network, mask, direct in routes if packed & mask == network),
@@ -313,13 +315,12 @@ class _Endpoint:
             for fd in self.fds:
                 self.loop.remove_reader(fd)
         self.fds = []
-        for mr in [*self.send_mrs, *self.recv_mrs]:
-            mr.close()
         try:
             self.cmid.disconnect()
         except PyverbsError:
             pass
-        self.cmid.close()
+        self.cmid.close()  # the queue pair first, then the regions registered on it (pyverbs' order)
+        self.send_views = self.recv_views = []
         if self.channel is not None:
             channel, fd = self.channel
             if self.loop is not None:
@@ -514,7 +515,11 @@ class RdmaSender:
                     dial.abandon()
                 raise
         connection.rate = self.rates.get(target, 0.0)
-        await connection.send(_frame(HELLO, src=self.rank, count=len(self.run_id.encode())) + self.run_id.encode())
+        try:
+            await connection.send(_frame(HELLO, src=self.rank, count=len(self.run_id.encode())) + self.run_id.encode())
+        except BaseException:
+            connection.close()
+            raise
         self.connections[target] = connection
         return connection
 
@@ -603,7 +608,9 @@ class _Inbound(_Endpoint):
         if kind == END:
             self.repost(slot)
             asyncio.ensure_future(self._acknowledge(partition, list(self.staged.values())))
-            self.staged.clear()
+            # only what has landed is forgotten: a staged chunk of another partition on this
+            # queue pair must still order the chunks of its transfer behind it
+            self.staged = {transfer: task for transfer, task in self.staged.items() if not task.done()}
             return
         if kind != CHUNK:
             raise ValueError(f"unexpected frame kind {kind}")
@@ -649,6 +656,8 @@ class _Inbound(_Endpoint):
             engine = await asyncio.wait_for(self.engine_for(run_id), 90)
         except Exception as exc:  # noqa: BLE001
             self.refuse(f"{type(exc).__name__}: {exc}")
+            return
+        if self.cmid is None:  # closed while the run was looked up: its slots are gone
             return
         self.engine, self.peer = engine, engine.node_of(rank)
         engine.inbound.add(self)
@@ -724,9 +733,10 @@ class RdmaListener:
             self.cmid.bind_addr(info)
             self.cmid.listen(128)
         except PyverbsError as exc:
+            had_channel = self.channel is not None
             self._release()
             code = getattr(exc, "error_code", errno.EIO)
-            if self.channel is None:  # no /dev/infiniband/rdma_cm: rdma_ucm is not loaded, or no device at all
+            if not had_channel:  # no /dev/infiniband/rdma_cm: rdma_ucm is not loaded, or no device at all
                 raise OSError(code, f"no rdma_cm on this host ({exc}): modprobe rdma_ucm, and an rxe device") from None
             raise OSError(code, f"no RDMA device serves {host}: {exc}") from None
 
@@ -739,9 +749,11 @@ class RdmaListener:
     def _events(self) -> None:
         try:
             for event, kind in _events(self.channel):
-                if kind == cm_enums.RDMA_CM_EVENT_CONNECT_REQUEST:
-                    self._accept(event)
-                event.close()  # established, disconnected, time-wait over: nothing to do
+                try:
+                    if kind == cm_enums.RDMA_CM_EVENT_CONNECT_REQUEST:
+                        self._accept(event)
+                finally:  # every event acknowledged: closing the listener waits for that
+                    event.close()  # established, disconnected, time-wait over: nothing to do
         except PyverbsError:
             pass  # the channel failed: connections already made go on
 
@@ -759,6 +771,9 @@ class RdmaListener:
         inbound.listener = self
         inbound.watch(fds, self.loop)
         self.inbound.add(inbound)
+        # a sender that went away before its HELLO (abandoned, crashed) is never heard of again
+        self.loop.call_later(HELLO_WAIT_S, lambda: inbound.engine is None and inbound.waiting is None
+                             and inbound.shutdown())
 
     def _release(self) -> None:
         if self.loop is not None and self.fd is not None:
