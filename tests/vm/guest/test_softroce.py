@@ -346,8 +346,10 @@ def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_the_run_goes_on(roce
         injector.undo(crash.fault.id)
     assert "result" in outcome, outcome
     result = outcome["result"]
-    assert len(result.history) == 2 and "h2 lost" in result.history[1].reason, result.history
-    assert "h2" not in result.history[1].nodes
+    # re-formed without h2 (a membership that finished no iteration, e.g. a connection the
+    # survivors retried, replaces the one before it in the history)
+    assert len(result.history) >= 2 and "h2" not in result.history[-1].nodes, result.history
+    assert all(set(e.nodes) == {"h0", "h1", "h3"} for e in result.history[1:]), result.history
     report = checker.check_run(result)
     assert report.clean and not report.lost and not report.duplicated and report.iterations == iterations, report
     figure("rdma_survive star,4", {"history": [(e.first, list(e.nodes), e.reason) for e in result.history]})
