@@ -110,6 +110,7 @@ class Engine:
         self.transport = chosen.name
         self.sender = chosen.sender(run_id, rank, window_bytes)
         self.pace_setter = self.sender.pace if chosen.paces_itself else None
+        self.picked: dict[int, str] = {}  # peer rank → its address for transfers naming no NIC
         self.pacer = Pacer(link_rate, setter=self.pace_setter)
         self.iteration = -1
         self.states: dict[int, _PartitionState] = {}
@@ -338,8 +339,11 @@ class Engine:
         if send.nic >= 0:
             address = peer["by_nic"].get(send.nic, peer["address"])
         else:
-            pick = transports.get(self.transport).pick_address
-            address = pick([peer["address"], *peer["by_nic"].values()]) if pick else peer["address"]
+            address = self.picked.get(send.dst)
+            if address is None:  # once per peer and run: a pick may read the routing table
+                pick = transports.get(self.transport).pick_address
+                address = pick([peer["address"], *peer["by_nic"].values()]) if pick else peer["address"]
+                self.picked[send.dst] = address
         return transports.address_for(self.transport, address)
 
     async def _send(self, partition: int, step: int, send: Send, key: tuple[int, int]) -> None:

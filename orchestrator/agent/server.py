@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import json
 import os
@@ -408,9 +409,12 @@ async def serve(
                 listener.bind()
             except OSError as exc:
                 if transport.optional:  # e.g. rdma on a NIC without an rxe device: the others serve
-                    print(f"testbed-agent {node}: no {transport.name} transport on {address} yet (tried again "
-                          f"every {RELISTEN_S:g} s): {exc.strerror or exc}", flush=True)
-                    later.append(listener)
+                    never = exc.errno == errno.ENOTSUP  # this host has no such transport at all
+                    again = "" if never else f" yet (tried again every {RELISTEN_S:g} s)"
+                    print(f"testbed-agent {node}: no {transport.name} transport on {address}{again}: "
+                          f"{exc.strerror or exc}", flush=True)
+                    if not never:
+                        later.append(listener)
                     continue
                 raise SystemExit(f"testbed-agent: cannot listen on {listener.address} (the {transport.name} "
                                  f"transport, the data port + {transport.port_offset}): {exc.strerror}") from None

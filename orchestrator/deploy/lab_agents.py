@@ -68,10 +68,9 @@ class LabAgents(list):
         from orchestrator.cost import Network
         from orchestrator.control import driver, workloads
 
+        if why := transports.lacks(transport, getattr(self.lab.spec, "rdma", "none")):
+            raise BadUsage(f"lab {self.lab.name}: transport={why} when building it")
         wire = transports.get(transport).wire  # RoCE's payload share is not TCP's
-        if wire == "roce" and getattr(self.lab.spec, "rdma", "none") != "softroce":
-            raise BadUsage(f"transport={transport!r} carries RoCE, which lab {self.lab.name}'s NICs do not speak: "
-                           "build it with rdma: softroce (a kernel with per-namespace rdma_rxe), or use tcp")
         workers = [e for e in self if e.role == "worker"]
         ranked = sorted(self, key=lambda e: e.rank)
         ctx = Context(len(workers), as_degraded(self.lab), tuple(e.node for e in ranked), dict(options or {}))

@@ -356,9 +356,8 @@ class ExperimentSpec(_Strict):
         self._jobs_fit()
         from orchestrator.agent import transports  # a table of names; no I/O
 
-        if transports.get(self.agents.transport).wire == "roce" and self.lab.rdma != "softroce":
-            raise ValueError(f"agents.transport: {self.agents.transport} carries RoCE, which this lab's NICs do not "
-                             "speak: set lab.rdma: softroce (a kernel with per-namespace rdma_rxe), or use tcp")
+        if why := transports.lacks(self.agents.transport, self.lab.rdma, "lab.rdma"):
+            raise ValueError(f"agents.transport: {why}")
         links = self.lab.links
         labels = [setting.label for setting in self.sweep.queues]
         for index, label in enumerate(labels):

@@ -359,5 +359,6 @@ def test_a_listener_where_this_host_has_no_rdma_is_an_os_error_the_agent_passes_
         raise rdma.PyverbsError("Failed to create CMEventChannel. Errno: 19, No such device")
 
     monkeypatch.setattr(rdma, "CMEventChannel", no_device)
-    with pytest.raises(OSError, match="modprobe rdma_ucm"):
+    with pytest.raises(OSError, match="modprobe rdma_ucm") as raised:
         rdma.RdmaListener("127.0.0.1:7003", None).bind()
+    assert raised.value.errno == errno.ENOTSUP  # the agent does not try again every second

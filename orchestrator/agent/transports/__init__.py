@@ -77,6 +77,15 @@ def names() -> list[str]:
     return sorted(TRANSPORTS)
 
 
+def lacks(name: str, rdma: str, setting: str = "rdma") -> str:
+    """Why a lab whose `rdma` setting (named `setting` to the user) is this cannot carry
+    transport `name` ("" when it can): a transport carrying RoCE needs soft-RoCE on its NICs."""
+    if get(name).wire == "roce" and rdma != "softroce":
+        return f"{name} carries RoCE, which the lab's NICs do not speak: set {setting}: softroce " \
+               "(a kernel with per-namespace rdma_rxe), or use tcp"
+    return ""
+
+
 def with_listeners() -> list[Transport]:
     """The transports an agent listens for, each on every data address."""
     _builtins()

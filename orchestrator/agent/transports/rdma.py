@@ -709,7 +709,8 @@ class RdmaListener:
     """Accepts the rdma transport's connections on one data address.
 
     `bind` raises OSError where no RDMA device serves the address (no rxe on its NIC): the
-    agent then serves the other transports there."""
+    agent then serves the other transports there, and tries again; ENOTSUP where this host
+    has no RDMA at all (no pyverbs, no rdma_cm): not tried again."""
 
     def __init__(self, address: str, engine_for: Callable[[str], Awaitable]) -> None:
         self.address = address
@@ -735,10 +736,10 @@ class RdmaListener:
         except PyverbsError as exc:
             had_channel = self.channel is not None
             self._release()
-            code = getattr(exc, "error_code", errno.EIO)
             if not had_channel:  # no /dev/infiniband/rdma_cm: rdma_ucm is not loaded, or no device at all
-                raise OSError(code, f"no rdma_cm on this host ({exc}): modprobe rdma_ucm, and an rxe device") from None
-            raise OSError(code, f"no RDMA device serves {host}: {exc}") from None
+                raise OSError(errno.ENOTSUP, f"no rdma_cm on this host ({exc}): modprobe rdma_ucm, and an rxe "
+                              "device") from None
+            raise OSError(getattr(exc, "error_code", errno.EIO), f"no RDMA device serves {host}: {exc}") from None
 
     async def start(self) -> None:
         if self.cmid is None:
