@@ -265,6 +265,41 @@ def test_a_failed_completion_ends_the_connection_with_its_reason():
     run(go())
 
 
+def test_unreachable_fails_a_dial_but_not_a_connected_queue_pair():
+    """rdma_cm's UNREACHABLE while connecting ends that attempt (the sender dials again); once
+    connected it is the kernel's neighbour watch, which looks across network namespaces and
+    fires on other lab servers' ARP traffic: the queue pair goes on."""
+    if rdma.CMID is None:
+        pytest.skip("pyverbs is not installed: rdma_cm's event numbers are not known here")
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        engine = FakeEngine(10)
+
+        def dial(connected: bool) -> rdma._Dial:
+            attempt = object.__new__(rdma._Dial)
+            attempt.target, attempt.loop, attempt.over = "10.0.0.2:7002", loop, False
+            attempt.done = loop.create_future()
+            attempt.connection, _ = pair(engine)
+            attempt.abandon = lambda: setattr(attempt, "over", True)
+            if connected:
+                attempt._on(rdma.cm_enums.RDMA_CM_EVENT_ESTABLISHED, "RDMA_CM_EVENT_ESTABLISHED")
+            return attempt
+
+        connecting = dial(connected=False)
+        connecting._on(rdma.cm_enums.RDMA_CM_EVENT_UNREACHABLE, "RDMA_CM_EVENT_UNREACHABLE")
+        with pytest.raises(ConnectionError, match="UNREACHABLE"):
+            await connecting.done
+        assert connecting.over
+
+        connected = dial(connected=True)
+        connected._on(rdma.cm_enums.RDMA_CM_EVENT_UNREACHABLE, "RDMA_CM_EVENT_UNREACHABLE")
+        assert connected.done.result() is connected.connection and not connected.connection.error
+        connected._on(rdma.cm_enums.RDMA_CM_EVENT_DISCONNECTED, "RDMA_CM_EVENT_DISCONNECTED")
+        assert connected.connection.error == "the peer closed the queue pair"
+    run(go())
+
+
 def test_sends_are_paced_at_the_rate_given():
     async def go():
         engine = FakeEngine(rdma.SLOT_BYTES // 4)

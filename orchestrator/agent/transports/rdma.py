@@ -413,6 +413,14 @@ class _Dial:
         elif kind in (cm_enums.RDMA_CM_EVENT_DISCONNECTED, cm_enums.RDMA_CM_EVENT_TIMEWAIT_EXIT):
             if self.connection is not None:
                 self.connection.ended("the peer closed the queue pair")
+        elif kind == cm_enums.RDMA_CM_EVENT_UNREACHABLE and self.done.done():
+            # Once connected, UNREACHABLE is only the kernel's neighbour watch (Linux >= 6.0): it
+            # fires when a neighbour entry with this id's interface index and peer address changes
+            # its MAC, looked up across every network namespace. Lab servers live in namespaces of
+            # their own, with the same interface indexes and (in several labs) the same addresses,
+            # so another server's ARP traffic raises it on a healthy queue pair (seen in the vm
+            # tier). The queue pair's own retries say when a path is really gone.
+            pass
         else:  # address, route or connect error, unreachable, rejected (no listener), device gone
             self._fail(reason)
 
