@@ -22,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
-from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft, queues
+from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft, queues, softroce
 from orchestrator.emulation.interrupts import held_signals
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
@@ -323,7 +323,18 @@ class Lab:
                         kernel.set_link_state(nl, ns[end.node], end.interface, up)
             for node in sorted(ends):
                 self._reinstall_routes(nl, node, down.get(node, set()))
-            return self._apply_overrides(nl, before, after, ends, down)
+            changed = self._apply_overrides(nl, before, after, ends, down)
+        if self.spec.rdma == "softroce":
+            self._repair_softroce({end.node for link, up in changes if up for end in (link.a, link.b)})
+        return changed
+
+    def _repair_softroce(self, nodes: Collection[str]) -> None:
+        """The rxe devices of servers among `nodes` whose management queue pair died while
+        their links were down are made again (see emulation/softroce.py)."""
+        for server in self.topology.servers:
+            if server.name in nodes and self.here(server.name):
+                devices = {softroce.device_name(self.plan.id, nic.name): nic.name for nic in server.data_nics()}
+                softroce.repair(self.plan.namespaces[server.name], devices)
 
     def _apply_overrides(self, nl: kernel.Netlink, before: reroute.Overrides, after: reroute.Overrides,
                          refreshed: set[str], down: dict[str, set[str]]) -> int:
@@ -688,17 +699,12 @@ class _Builder:
             if only is not None and server.name not in only:
                 continue
             for nic in server.data_nics():
-                device = f"rxe_{plan.id}_{nic.name}".replace("-", "_")
+                device = softroce.device_name(plan.id, nic.name)
                 entries.append(Entry("rxe", device, {"netns": plan.namespaces[server.name]}))
                 commands.append((plan.namespaces[server.name], device, nic.name))
         self.record(entries)
         for ns, device, netdev in commands:
-            result = subprocess.run(
-                ["ip", "netns", "exec", ns, "rdma", "link", "add", device, "type", "rxe", "netdev", netdev],
-                capture_output=True, text=True,
-            )
-            if result.returncode != 0:
-                raise EmulationError(f"soft-RoCE on {netdev}: {result.stderr.strip() or 'rdma link add failed'}")
+            softroce.add(ns, device, netdev)
         self.progress("soft-RoCE", len(commands), len(commands))
 
     def isolate(self) -> None:

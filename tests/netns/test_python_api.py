@@ -103,4 +103,6 @@ def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_h
     assert held["iterations"] and set(held["iterations"]) <= {2, 3, 4}
     # the halved link sets the ring's pace: the model says so, and the run agrees
     assert held["predicted_s"] > 1.6 * result.predicted.per_run
-    assert 0.85 <= held["ratio"] <= 1.15
+    # near the model, not a fidelity bound (bench/ measures that): 1.00 alone on a quiet machine,
+    # 1.15-1.20 seen in full suites on these two cores; priced at the undegraded rate it is ~2
+    assert 0.85 <= held["ratio"] <= 1.3

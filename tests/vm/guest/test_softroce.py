@@ -365,13 +365,15 @@ def test_neighbour_changes_in_another_lab_leave_an_rdma_runs_queue_pairs_alone(r
     assert checker.check_run(result).clean
 
 
-def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_the_run_goes_on(roce_lab, figure):
-    """Survive over rdma (star,4: every pair one switch apart, as RoCE needs): h2 crashes
-    mid-run, the ring re-forms over the survivors' new queue pairs and finishes; the checker
-    finds nothing lost or counted twice. (Rejoin over rdma is not shown yet: the killed agent's
-    disconnect requests meet the crash's cut links, and a connection-management message that
-    finds no route puts rxe's management queue pair (GSI, QP1) in its error state for good, so
-    the restarted server can neither open nor answer a connection again.)"""
+def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins(roce_lab, figure):
+    """Survive and rejoin over rdma (star,4: every pair one switch apart, as RoCE needs): h2
+    crashes mid-run, the ring re-forms over the survivors' new queue pairs; h2 is restarted and
+    its agent deployed again, and it rejoins at an iteration boundary over new queue pairs of
+    its own; the run finishes and the checker finds nothing lost or counted twice. The crash
+    cuts h2's links as its killed agent's disconnect requests go out, which leaves h2's rxe
+    devices without a management queue pair; the lab makes them again as the links return
+    (emulation/softroce.py), and h2's new queue pairs, numbered afresh, are refused as stale
+    by the survivors until the numbers pass the old ones: the sender dials again."""
     import threading
     import time
 
@@ -383,39 +385,47 @@ def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_the_run_goes_on(roce
 
     lab = roce_lab("star,4")
     eps = deploy(lab, via="exec", timeout=240).endpoints
-    iterations, tensors = 16, [250_000]
+    iterations, tensors = 40, [250_000]
     ctx = Context(4, lab.topology, tuple(e.node for e in eps))
     outcome: dict = {}
+    back: list = []
 
     def go() -> None:
         try:
             outcome["result"] = driver.run(
                 eps, "ring", tensors, workloads.emulated(tensors, compute_seconds=0.2), iterations=iterations, ctx=ctx,
                 transport="rdma", network=Network.from_links(lab.spec.links, wire="roce"), timeout=600,
-                stall_timeout=10.0, link_state=lab.link_up, survive=True)
+                stall_timeout=10.0, link_state=lab.link_up, survive=True,
+                rejoin=lambda dead: [e for e in back if e.node in dead])
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             outcome["error"] = exc
 
+    def until_iteration(iteration: int, among: list) -> None:
+        with driver.control_stubs(among) as stubs:
+            deadline = time.monotonic() + 180
+            while not all(s.state == "running" and s.iteration >= iteration
+                          for s in (stubs[e.control].Status(driver.pb.Empty(), timeout=10) for e in among)):
+                assert thread.is_alive() and time.monotonic() < deadline, outcome
+                time.sleep(0.2)
+
     thread = threading.Thread(target=go, daemon=True)
     thread.start()
-    with driver.control_stubs(eps) as stubs:
-        deadline = time.monotonic() + 180
-        while not all(s.state == "running" and s.iteration >= 3
-                      for s in (stubs[e.control].Status(driver.pb.Empty(), timeout=10) for e in eps)):
-            assert thread.is_alive() and time.monotonic() < deadline, outcome
-            time.sleep(0.2)
+    until_iteration(3, eps)
     injector = Injector(lab)
     crash = injector.inject("server-crash", "h2")
     try:
+        survivors = [e for e in eps if e.node != "h2"]
+        until_iteration(3 + 4, survivors)  # re-formed and under way without h2
+        injector.inject("server-restart", "h2")
+        back.extend(deploy(lab, ["h2"], via="exec", timeout=240).endpoints)
         thread.join(600)
     finally:
-        injector.undo(crash.fault.id)
+        injector.heal()
     assert "result" in outcome, outcome
     result = outcome["result"]
-    # re-formed without h2 (a membership that finished no iteration, e.g. a connection the
-    # survivors retried, replaces the one before it in the history)
-    assert len(result.history) >= 2 and "h2" not in result.history[-1].nodes, result.history
-    assert all(set(e.nodes) == {"h0", "h1", "h3"} for e in result.history[1:]), result.history
+    reasons = [e.reason for e in result.history]
+    assert len(result.history) == 3 and "h2 lost" in reasons[1] and reasons[2] == "h2 rejoined", result.history
+    assert "h2" not in result.history[1].nodes and "h2" in result.history[2].nodes
     report = checker.check_run(result)
     assert report.clean and not report.lost and not report.duplicated and report.iterations == iterations, report
-    figure("rdma_survive star,4", {"history": [(e.first, list(e.nodes), e.reason) for e in result.history]})
+    figure("rdma_survive_rejoin star,4", {"history": [(e.first, list(e.nodes), e.reason) for e in result.history]})
