@@ -333,8 +333,7 @@ class Lab:
         their links were down are made again (see emulation/softroce.py)."""
         for server in self.topology.servers:
             if server.name in nodes and self.here(server.name):
-                devices = {softroce.device_name(self.plan.id, nic.name): nic.name for nic in server.data_nics()}
-                softroce.repair(self.plan.namespaces[server.name], devices)
+                softroce.repair(self.plan.namespaces[server.name], softroce.devices(self.plan.id, server))
 
     def _apply_overrides(self, nl: kernel.Netlink, before: reroute.Overrides, after: reroute.Overrides,
                          refreshed: set[str], down: dict[str, set[str]]) -> int:
@@ -698,10 +697,9 @@ class _Builder:
         for server in self.topology.servers:
             if only is not None and server.name not in only:
                 continue
-            for nic in server.data_nics():
-                device = softroce.device_name(plan.id, nic.name)
+            for device, netdev in softroce.devices(plan.id, server).items():
                 entries.append(Entry("rxe", device, {"netns": plan.namespaces[server.name]}))
-                commands.append((plan.namespaces[server.name], device, nic.name))
+                commands.append((plan.namespaces[server.name], device, netdev))
         self.record(entries)
         for ns, device, netdev in commands:
             softroce.add(ns, device, netdev)

@@ -21,6 +21,11 @@ def device_name(lab_id: str, nic: str) -> str:
     return f"rxe_{lab_id}_{nic}".replace("-", "_")
 
 
+def devices(lab_id: str, server) -> dict[str, str]:
+    """A server's rxe devices, one per data NIC: device → its netdev."""
+    return {device_name(lab_id, nic.name): nic.name for nic in server.data_nics()}
+
+
 def _rdma(namespace: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", namespace, "rdma", *argv], capture_output=True, text=True,
                           timeout=30)
@@ -35,7 +40,7 @@ def add(namespace: str, device: str, netdev: str) -> None:
 def dead(queue_pairs: list[dict], devices: Collection[str]) -> set[str]:
     """Of `devices`, those whose management queue pair is in its error state (`queue_pairs`:
     what `rdma -j res show qp` lists)."""
-    return {qp.get("ifname", "") for qp in queue_pairs
+    return {qp["ifname"] for qp in queue_pairs
             if qp.get("type") == "GSI" and qp.get("state") == "ERR" and qp.get("ifname") in devices}
 
 

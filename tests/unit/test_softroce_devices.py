@@ -30,6 +30,13 @@ def test_only_the_servers_devices_whose_management_queue_pair_died_are_dead():
 
 def test_device_names_follow_the_lab_and_the_nic():
     assert softroce.device_name("ab12", "h2-eth0") == "rxe_ab12_h2_eth0"
+    from orchestrator import topology
+    from orchestrator.spec import lab_from_argument
+
+    h01 = next(s for s in topology.from_lab(lab_from_argument("bcube,2,1")).servers if s.name == "h01")
+    assert softroce.devices("ab12", h01) == {f"rxe_ab12_{nic.name}".replace("-", "_"): nic.name
+                                             for nic in h01.data_nics()}
+    assert len(softroce.devices("ab12", h01)) == 2  # one per data NIC of a two-NIC BCube server
 
 
 def fake_rdma(listing: str, returncode: int = 0, fail_add: bool = False):

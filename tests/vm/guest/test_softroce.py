@@ -412,7 +412,7 @@ def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins
     thread.start()
     until_iteration(3, eps)
     injector = Injector(lab)
-    crash = injector.inject("server-crash", "h2")
+    injector.inject("server-crash", "h2")
     try:
         survivors = [e for e in eps if e.node != "h2"]
         until_iteration(3 + 4, survivors)  # re-formed and under way without h2
