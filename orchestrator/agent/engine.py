@@ -5,7 +5,7 @@ by default, or gRPC Data.Push calls): one stream per partition, peer and NIC for
 iteration, carrying that partition's transfers to that peer step after step. The receiver
 adds (or copies) each chunk straight into its buffer as it arrives — no staging copy of the
 model (the tcp transport's reading threads do so outside the event loop, asking `admit_now`
-/ `admit_soon` first and reporting `landed` after).
+/ `admit_soon` first, moving the range on with `land` and reporting `after_landing`).
 
 Ordering is per range, chunk by chunk, as NCCL pipelines a ring by slices: a chunk of a
 step-s send is written once every receive of an earlier step into its range has been
@@ -66,13 +66,16 @@ class _PartitionState:
     receiving: dict[tuple[int, int, int], _Range] = field(default_factory=dict)  # (step, src, lo) → left
     sending: dict[tuple[int, int], _Range] = field(default_factory=dict)  # (step, send index) → unwritten
 
+    # A reading thread moves `receiving` on (under the engine's state_lock) while the loop
+    # reads it without the lock: the loop reads a copy (one C call, whole under the GIL),
+    # never a live view, which the thread could change between two of its items.
     def clear_to_send(self, step: int, lo: int, hi: int) -> bool:
         """Every receive of an earlier step into [lo, hi) has been applied."""
-        return not _overlaps_earlier(self.receiving.values(), step, lo, hi)
+        return not _overlaps_earlier(list(self.receiving.values()), step, lo, hi)
 
     def clear_to_apply(self, step: int, lo: int, hi: int) -> bool:
         """... and every send of an earlier step out of [lo, hi) has been written."""
-        return self.clear_to_send(step, lo, hi) and not _overlaps_earlier(self.sending.values(), step, lo, hi)
+        return self.clear_to_send(step, lo, hi) and not _overlaps_earlier(list(self.sending.values()), step, lo, hi)
 
 
 def _overlaps_earlier(left: Iterable[_Range], step: int, lo: int, hi: int) -> bool:
@@ -261,9 +264,22 @@ class Engine:
 
     def landed(self, head: pb.Chunk, peer: str) -> None:
         """An admitted chunk has been applied (called on the loop, in the order chunks came)."""
+        self.land(head, peer)
+        self.after_landing()
+
+    def land(self, head: pb.Chunk, peer: str) -> None:
+        """An applied chunk's range moves on, and it is counted: on the loop, or on the
+        reading thread that applied it (tcp), in the order chunks came. On the thread, the
+        transfer's next chunk is then admitted there at once (`admit_now`); moved on by the
+        loop, most chunks of a transfer found their range not moved yet and asked the loop
+        (admit_soon): a round trip and two thread wake-ups per chunk. Counted here, before
+        anything can see the range done (an iteration's record reads the count)."""
         with self.state_lock:
             self._advance(self.states[head.partition], head)
-        self._count_received(head, peer)
+            self._count_received(head, peer)
+
+    def after_landing(self) -> None:
+        """On the loop, after a chunk has landed: what waited on it goes on."""
         self._wake()
 
     async def accept_staged(self, head: pb.Chunk, payload: memoryview, peer: str, after=None) -> None:
@@ -272,7 +288,8 @@ class Engine:
         if after is not None:
             await asyncio.wrap_future(after)
         await self._accept_chunk(head, payload)
-        self._count_received(head, peer)
+        with self.state_lock:  # reading threads count theirs (land) at the same time
+            self._count_received(head, peer)
 
     def node_of(self, rank: int) -> str:
         return self._node(rank)
@@ -507,12 +524,12 @@ class Engine:
         or the path between them, not on its own earlier steps)."""
         found = []
         for partition, state in self.states.items():
-            for r in state.receiving.values():
+            for r in list(state.receiving.values()):
                 hi = min(r.hi, r.lo + self.chunk_elements)
                 found.append(pb.Pending(kind="receive", peer=r.peer, step=r.step, partition=partition,
                                         offset=r.start, end=r.hi, done=r.lo,
                                         ready=state.clear_to_apply(r.step, r.lo, hi)))
-            for (step, _), r in state.sending.items():
+            for (step, _), r in list(state.sending.items()):
                 hi = min(r.hi, r.lo + self.chunk_elements)
                 found.append(pb.Pending(kind="send", peer=r.peer, step=step, partition=partition, offset=r.start,
                                         end=r.hi, done=r.lo, ready=state.clear_to_send(step, r.lo, hi)))

@@ -450,3 +450,39 @@ def test_a_chunk_nobody_planned_is_refused():
             run.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_transfers_next_chunk_is_admitted_on_the_reading_thread_once_the_last_has_landed_there():
+    """The tcp transport's reading thread applies a chunk and moves its range on itself
+    (`land`), so the transfer's next chunk is admitted right there (`admit_now`) without a
+    round trip through the event loop, which does not run meanwhile here; what waited on
+    the range (the forward of step 1) goes on once the loop hears of it (`after_landing`)."""
+    import threading
+
+    call = _RecordingCall()
+    engine = _engine_of([
+        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
+        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
+    ], call)
+    admitted = []
+
+    def reading_thread() -> None:
+        for offset, value in ((0, 10.0), (2, 20.0)):
+            head, payload = _chunk(0, offset, value)
+            admitted.append(engine.admit_now(head))
+            engine.buffer[offset:offset + 2] += np.frombuffer(payload, np.float32)
+            engine.land(head, "h1")
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        await _settle()
+        thread = threading.Thread(target=reading_thread)
+        thread.start()
+        thread.join()  # the loop is blocked meanwhile: every admission was the thread's own
+        engine.after_landing()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(scenario())
+    assert admitted == [True, True]
+    assert [(h.offset, list(data)) for h, data in call.chunks] == [(0, [11.0, 11.0]), (2, [21.0, 21.0])]
+    assert engine.received == 16
