@@ -177,15 +177,25 @@ class Engine:
         await self._progressed()
 
     def _advance(self, state: _PartitionState, head: pb.Chunk) -> None:
-        """The receive `head` belongs to has `head.count` elements more (caller holds state_lock)."""
-        left = state.receiving.pop((head.step, head.src, head.offset))
-        left.lo += head.count
+        """The receive `head` belongs to has `head.count` elements more (caller holds state_lock).
+
+        The loop reads `receiving` without the lock while a reading thread calls this, and
+        may look between any two of its steps: the range is never missing while some of it
+        is still due. It goes under its new key before it leaves the old one, and its `lo`
+        moves last (an old `lo` reads as "still due": safe). Taken out first and put back,
+        it was missing for a moment, and a check then passed a later step's send or copy
+        early, or found the partition done with chunks still to come."""
+        key = (head.step, head.src, head.offset)
+        left = state.receiving[key]
+        lo = left.lo + head.count
+        if lo < left.hi:
+            if (left.step, left.peer, lo) in state.receiving:
+                raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
+            state.receiving[(left.step, left.peer, lo)] = left
+        del state.receiving[key]
+        left.lo = lo
         if self.spans is not None:
             self._trace_receive(left, head)
-        if left.lo < left.hi:
-            if (left.step, left.peer, left.lo) in state.receiving:
-                raise ValueError(f"rank {head.src} sends overlapping ranges in step {head.step}")
-            state.receiving[(left.step, left.peer, left.lo)] = left
 
     def _trace_receive(self, left: _Range, head: pb.Chunk) -> None:
         now = time.time()
@@ -275,8 +285,8 @@ class Engine:
         (admit_soon): a round trip and two thread wake-ups per chunk. Counted here, before
         anything can see the range done (an iteration's record reads the count)."""
         with self.state_lock:
+            self._count_received(head, peer)  # first: the loop may see the range done at once
             self._advance(self.states[head.partition], head)
-            self._count_received(head, peer)
 
     def after_landing(self) -> None:
         """On the loop, after a chunk has landed: what waited on it goes on."""

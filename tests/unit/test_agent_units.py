@@ -486,3 +486,54 @@ def test_a_transfers_next_chunk_is_admitted_on_the_reading_thread_once_the_last_
     assert admitted == [True, True]
     assert [(h.offset, list(data)) for h, data in call.chunks] == [(0, [11.0, 11.0]), (2, [21.0, 21.0])]
     assert engine.received == 16
+
+
+class _Watched(dict):
+    """`receiving`, checking after every change that the elements still due stay listed:
+    what the event loop, reading it without the lock, may see at any moment."""
+
+    def __init__(self, items, due):
+        super().__init__(items)
+        self.due = due  # () -> the elements still to come
+
+    def _check(self):
+        listed = {e for r in self.values() for e in range(r.lo, r.hi)}
+        assert self.due() <= listed, f"{sorted(self.due() - listed)} due but not listed"
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._check()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._check()
+
+    def pop(self, *args):
+        value = super().pop(*args)
+        self._check()
+        return value
+
+
+def test_a_range_moved_on_by_a_reading_thread_is_never_missing_while_some_of_it_is_due():
+    """The loop reads the ranges without the lock while a reading thread moves them on
+    (land): between any two changes, what is still to come must be listed, or a later
+    step's send or copy passes early and a partition ends with chunks still to come."""
+    call = _RecordingCall()
+    engine = _engine_of([plan_format.Step(0, [], [plan_format.Recv(1, 0, 6)])], call, size=6)
+    landed = [0]
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        await _settle()
+        state = engine.states[0]
+        state.receiving = _Watched(state.receiving, lambda: set(range(landed[0], 6)))
+        for offset in (0, 2, 4):
+            head, payload = _chunk(0, offset, 1.0)
+            assert engine.admit_now(head)
+            landed[0] = offset + 2  # applied: from here on only the rest is due
+            engine.land(head, "h1")
+            engine.after_landing()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(scenario())
+    assert engine.received == 24

@@ -83,3 +83,38 @@ def test_a_write_waiting_for_room_fails_with_the_reason_the_connection_ended():
     finally:
         a.close()
         b.close()
+
+
+def test_a_write_cancelled_in_the_middle_of_a_frame_ends_the_connection_and_leaves_no_callback():
+    a, b = _pair()
+    errors = []
+
+    async def scenario() -> _Connection:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        connection = _connection(a)
+        write = asyncio.create_task(connection.write([b"x" * 1_000_000]))  # part of it goes, then it waits
+        for _ in range(20):
+            await asyncio.sleep(0)
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        b.setblocking(False)
+        while True:  # the reader drains: the socket turns writable, and no stale callback may fire
+            try:
+                if not b.recv(1 << 20):
+                    break
+            except BlockingIOError:
+                break
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        with pytest.raises(ConnectionError, match="cancelled in the middle of a frame"):
+            await connection.write([b"next"])
+        return connection
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        a.close()
+        b.close()
+    assert errors == []

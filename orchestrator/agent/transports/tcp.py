@@ -159,7 +159,14 @@ class _Connection:
         self.sock, self.error = sock, ""
         loop.add_reader(sock.fileno(), self._readable)
         run_id = self.run_id.encode()
-        await self.write([_frame(HELLO, src=self.rank, count=len(run_id)), run_id])
+        try:
+            await self.write([_frame(HELLO, src=self.rank, count=len(run_id)), run_id])
+        except BaseException:  # not connected after all: the next write opens again
+            self.sock = None
+            loop.remove_reader(sock.fileno())
+            loop.remove_writer(sock.fileno())
+            sock.close()
+            raise
 
     def _readable(self) -> None:
         try:
@@ -217,28 +224,39 @@ class _Connection:
         if self.sock is None:
             raise ConnectionError(self.error or f"not connected to {self.target} after {OPEN_WAIT:g} s")
         views = _views(parts)
+        size = sum(view.nbytes for view in views)
         async with self.writing:
+            if self.error:  # ended (its reason kept): nothing more goes out on it
+                raise ConnectionError(self.error)
             _send_now(self.sock, views)
-            while views:
-                await self._writable()
-                _send_now(self.sock, views)
+            try:
+                while views:
+                    await self._writable()
+                    _send_now(self.sock, views)
+            except asyncio.CancelledError:
+                # a frame cut short would be read as the start of the next: nothing more may go
+                if views and sum(view.nbytes for view in views) < size:
+                    self._ended("a write was cancelled in the middle of a frame")
+                raise
 
     async def _writable(self) -> None:
         """Until the socket can take more (or the connection has ended: ConnectionError)."""
         if self.error:
             raise ConnectionError(self.error)
         loop, fd = asyncio.get_running_loop(), self.sock.fileno()
-        self.room = loop.create_future()
+        room = self.room = loop.create_future()
 
         def ready() -> None:
             loop.remove_writer(fd)
-            if not self.room.done():
-                self.room.set_result(None)
+            if not room.done():
+                room.set_result(None)
 
         loop.add_writer(fd, ready)
         try:
-            await self.room
+            await room
         finally:
+            if room.cancelled():  # its task was: no callback may outlive the wait
+                loop.remove_writer(fd)
             self.room = None
 
     def close(self) -> None:
