@@ -269,13 +269,21 @@ monitoring: true
 """
 
 
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT as a terminal's foreground job has it. A job started in the background
+    (`./setup.sh test &`, nohup) ignores SIGINT and its children inherit that: Python then
+    installs no KeyboardInterrupt handler, and the run went on to its end (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_leaves_nothing_but_partial_results(tmp_path, cleaned):
     cleaned.append("ex-int")
     experiment = tmp_path / "long.yaml"
     experiment.write_text(textwrap.dedent(LONG))
     out = tmp_path / "interrupted"
     proc = subprocess.Popen(TESTBED + ["run", str(experiment), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True,
+                            preexec_fn=_as_a_terminal_starts_it)
     seen = []
     try:
         for line in proc.stderr:
