@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.collectives.context import Context  # noqa: E402
-from orchestrator.emulation import Lab  # noqa: E402
+from orchestrator.emulation import Lab, kernel  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
@@ -93,54 +93,27 @@ SAMPLE_S = 0.25
 SETTLE_S = 5.0
 
 
-def _namespace_pids(lab) -> dict[str, int]:
-    """A process in each server's network namespace: /proc/PID/net/dev then reads that
-    namespace's NIC counters without starting anything."""
-    from orchestrator.emulation.kernel import netns_path
-
-    wanted = {os.stat(netns_path(lab.namespace(s.name))).st_ino: s.name for s in lab.topology.servers}
-    found: dict[str, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                node = wanted.get(os.stat(f"/proc/{entry}/ns/net").st_ino)
-            except OSError:
-                continue
-            if node is not None:
-                found.setdefault(node, int(entry))
-    return found
-
-
 class SteadyState:
-    """Samples /proc/stat and the servers' fabric NIC receive counters until stopped; then
-    `figures()`: busy core-seconds per GB received on the wire (headers in: the same count
-    for the agents and for iperf3) over the steady part, and that part's length."""
+    """Samples /proc/stat and the servers' fabric NIC receive counters (read over netlink
+    in each server's namespace, as `testbed status` reads them: nothing is started while it
+    samples) until stopped; then `figures()`: busy core-seconds per GB received on the wire
+    (headers in: the same count for the agents and for iperf3) over the steady part, and
+    that part's length."""
 
-    def __init__(self, lab, pids: dict[str, int]) -> None:
-        self.files = {node: f"/proc/{pid}/net/dev" for node, pid in pids.items()}
-        self.nics = {node: lab.topology.nodes[node].data_nics()[0].name for node in pids}
+    def __init__(self, lab) -> None:
+        self.nics = {lab.namespace(s.name): s.data_nics()[0].name for s in lab.topology.servers}
         self.samples: list[tuple[float, int, int, int]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _received(self) -> int:
-        total = 0
-        for node, path in self.files.items():
-            for line in Path(path).read_text().splitlines()[2:]:
-                name, _, counters = line.partition(":")
-                if name.strip() == self.nics[node]:
-                    total += int(counters.split()[0])
-        return total
-
     def _run(self) -> None:
-        while not self.done.is_set():
-            all_ticks, idle = cpu_counters()
-            try:
-                received = self._received()
-            except OSError:  # a process it read through has ended (iperf3's listeners at the end)
-                return
-            self.samples.append((time.monotonic(), all_ticks - idle, all_ticks, received))
-            self.done.wait(SAMPLE_S)
+        with kernel.Netlink() as nl:  # a Netlink is used by the thread that made it
+            nl.open(self.nics)
+            while not self.done.is_set():
+                all_ticks, idle = cpu_counters()
+                received = sum(kernel.links_in(nl, ns)[nic]["rx_bytes"] for ns, nic in self.nics.items())
+                self.samples.append((time.monotonic(), all_ticks - idle, all_ticks, received))
+                self.done.wait(SAMPLE_S)
 
     def __enter__(self) -> "SteadyState":
         self.thread.start()
@@ -153,7 +126,7 @@ class SteadyState:
     def figures(self, link_bps: float) -> dict:
         moving = [i for i in range(1, len(self.samples))
                   if (self.samples[i][3] - self.samples[i - 1][3]) * 8 / (self.samples[i][0] - self.samples[i - 1][0])
-                  > 0.5 * link_bps * len(self.files)]
+                  > 0.5 * link_bps * len(self.nics)]
         if not moving:
             return {}
         began = self.samples[moving[0] - 1][0]
@@ -174,7 +147,7 @@ def iperf3_ring(lab, servers: int, seconds: int = 20) -> dict:
     names = [s.name for s in lab.topology.servers]
     listeners = [lab.popen(n, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1) for n in names]
     time.sleep(0.5)
-    steady = SteadyState(lab, _namespace_pids(lab))
+    steady = SteadyState(lab)
     with steady:
         before = cpu_counters()
         clients = [
@@ -257,7 +230,7 @@ def _ring_over(endpoints, lab, baseline: dict, transport: str, servers: int, mby
     pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
         if partition_mbytes else {}
     ctx = Context(servers, options={"colocated": True}) if algorithm == "ps" else None
-    steady = SteadyState(lab, _namespace_pids(lab))
+    steady = SteadyState(lab)
     with steady:
         before = cpu_counters()
         loop = driver.run(endpoints, algorithm, [elements], workloads.back_to_back([elements]),
