@@ -5,7 +5,8 @@ by default, or gRPC Data.Push calls): one stream per partition, peer and NIC for
 iteration, carrying that partition's transfers to that peer step after step. The receiver
 adds (or copies) each chunk straight into its buffer as it arrives — no staging copy of the
 model (the tcp transport's reading threads do so outside the event loop, asking `admit_now`
-/ `admit_soon` first, moving the range on with `land` and reporting `after_landing`).
+/ `admit_soon` first, moving the range on with `land`, and reporting `after_landing` when
+something waits on it).
 
 Ordering is per range, chunk by chunk, as NCCL pipelines a ring by slices: a chunk of a
 step-s send is written once every receive of an earlier step into its range has been
@@ -277,16 +278,37 @@ class Engine:
         self.land(head, peer)
         self.after_landing()
 
-    def land(self, head: pb.Chunk, peer: str) -> None:
+    def land(self, head: pb.Chunk, peer: str) -> bool:
         """An applied chunk's range moves on, and it is counted: on the loop, or on the
         reading thread that applied it (tcp), in the order chunks came. On the thread, the
         transfer's next chunk is then admitted there at once (`admit_now`); moved on by the
         loop, most chunks of a transfer found their range not moved yet and asked the loop
         (admit_soon): a round trip and two thread wake-ups per chunk. Counted here, before
-        anything can see the range done (an iteration's record reads the count)."""
+        anything can see the range done (an iteration's record reads the count).
+
+        Returns whether the loop must hear of it (`after_landing`): whether something waits
+        that may now go on. Most chunks land before anything waits on them (a ring's next
+        step reaches a range after it has mostly come in), and waking the loop for nothing
+        cost a thread wake-up and a pass over the waiters per chunk."""
         with self.state_lock:
             self._count_received(head, peer)  # first: the loop may see the range done at once
             self._advance(self.states[head.partition], head)
+        self.progressed_at = time.monotonic()
+        return self._awaited()
+
+    def _awaited(self) -> bool:
+        """Does some waiter's condition hold now (or raise)? Read on a reading thread: the
+        conditions only read the state (through copies, see _PartitionState), and one
+        registered just after this looked is checked once more by `_until` itself."""
+        for ready, _, future in list(self.waiters):
+            if future is not None and future.done():
+                continue
+            try:
+                if ready():
+                    return True
+            except Exception:  # noqa: BLE001 - the loop raises it in the waiter
+                return True
+        return False
 
     def after_landing(self) -> None:
         """On the loop, after a chunk has landed: what waited on it goes on."""
@@ -317,19 +339,27 @@ class Engine:
         self._recheck()
 
     def _recheck(self) -> None:
-        waiting, self.waiters = self.waiters, []
-        for ready, then, future in waiting:
+        # Every waiter stays listed while its condition is checked: a reading thread that
+        # lands a chunk meanwhile must find it there (`land` wakes the loop only for a
+        # listed waiter), so the list is not taken out and rebuilt.
+        over: list[tuple[tuple, BaseException | None]] = []
+        for entry in list(self.waiters):
+            ready, then, future = entry
             if future is not None and future.done():  # its task was cancelled
+                over.append((entry, None))
                 continue
             try:
-                holds = ready()
+                if ready():
+                    over.append((entry, None))
             except Exception as exc:  # noqa: BLE001 - the waiter raises it
-                then(exc)
-                continue
-            if holds:
-                then(None)
-            else:
-                self.waiters.append((ready, then, future))
+                over.append((entry, exc))
+        if not over:
+            return
+        gone = {id(entry) for entry, _ in over}
+        self.waiters = [entry for entry in self.waiters if id(entry) not in gone]
+        for (_, then, future), error in over:
+            if future is None or not future.done():
+                then(error)
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         """Return once `ready()` holds, re-checked whenever ranges or the iteration move
@@ -343,6 +373,15 @@ class Engine:
                 future.set_exception(error) if error is not None else future.set_result(None)
 
         self.waiters.append((ready, then, future))
+        # a reading thread that landed a chunk between the check above and the append saw
+        # no waiter and left the loop asleep (`land`): look once more, now that it is listed
+        try:
+            holds = ready()
+        except Exception as exc:  # noqa: BLE001 - raised in the waiter, as _recheck would
+            then(exc)
+        else:
+            if holds:
+                then(None)
         await future
 
     def _apply(self, chunk: pb.Chunk, payload: memoryview) -> int:

@@ -488,6 +488,80 @@ def test_a_transfers_next_chunk_is_admitted_on_the_reading_thread_once_the_last_
     assert engine.received == 16
 
 
+def test_a_landing_wakes_the_loop_only_when_something_waits_that_may_go_on():
+    """`land` (on a reading thread) asks for the loop (`after_landing`) only when a waiter's
+    condition now holds: here the forward of step 1 waits on the range's first chunk, so
+    that chunk's landing asks for it; the second chunk's, which no one waits for yet (the
+    forward is blocked writing its first chunk), does not."""
+    gate = asyncio.Event()
+    call = _RecordingCall(gate)
+    engine = _engine_of([
+        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
+        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
+    ], call)
+
+    async def scenario():
+        run = asyncio.create_task(engine.allreduce(0))
+        await _settle()  # the forward waits on [0, 2)
+        first, _ = _chunk(0, 0, 10.0)
+        assert engine.admit_now(first)
+        assert engine.land(first, "h1") is True
+        engine.after_landing()
+        await _settle()  # the forward writes [0, 2), held by the gate: nothing waits on [2, 4)
+        second, _ = _chunk(0, 2, 20.0)
+        assert engine.admit_now(second)
+        assert engine.land(second, "h1") is False
+        gate.set()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(scenario())
+    assert [h.offset for h, _ in call.chunks] == [0, 2]
+
+
+def test_a_waiter_listed_just_after_a_landing_it_missed_does_not_sleep():
+    """A chunk landing on a reading thread between `_until`'s check and its listing of the
+    waiter wakes no one (no waiter was listed yet): `_until` looks once more once listed.
+    Here the condition turns true right after its first check, and nothing else ever wakes
+    the loop."""
+    engine = _engine_of([plan_format.Step(0, [], [])], _RecordingCall())
+    checks = []
+
+    def ready() -> bool:
+        checks.append(1)
+        return len(checks) > 1  # "landed" just after the first look
+
+    async def scenario():
+        await asyncio.wait_for(engine._until(ready), 2)
+
+    asyncio.run(scenario())
+
+
+def test_waiters_stay_listed_while_the_loop_checks_them():
+    """While the loop goes over its waiters (`_recheck`), a reading thread may land a chunk and
+    look for a waiter to wake: every waiter not yet let go must still be listed then, or the
+    landing wakes no one and that waiter sleeps. Here the thread's look happens inside the
+    first waiter's check and must find the second one, whose condition the landing met."""
+    engine = _engine_of([plan_format.Step(0, [], [])], _RecordingCall())
+    landed, seen = [False], []
+
+    def first() -> bool:
+        if not landed[0]:  # once: a reading thread lands a chunk now, then looks for waiters
+            landed[0] = True
+            seen.append(engine._awaited())
+        return False
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine.waiters.append((first, lambda error: None, loop.create_future()))
+        second = asyncio.create_task(engine._until(lambda: landed[0]))
+        await _settle()
+        engine._recheck()
+        await asyncio.wait_for(second, 2)
+
+    asyncio.run(scenario())
+    assert seen == [True]
+
+
 class _Watched(dict):
     """`receiving`, checking after every change that the elements still due stay listed:
     what the event loop, reading it without the lock, may see at any moment."""

@@ -464,8 +464,8 @@ class _Reader:
                     _recv_into(self.sock, memoryview(part).cast("B"))
                     with engine.apply_lock:
                         np.add(view, part, out=view)
-                engine.land(head, peer)
-                self.loop.call_soon_threadsafe(engine.after_landing)
+                if engine.land(head, peer):  # something waits that may now go on
+                    self.loop.call_soon_threadsafe(engine.after_landing)
                 continue
             # not yet: staged, and applied by the event loop once it may
             payload = bytearray(count * itemsize)
