@@ -275,8 +275,8 @@ class Engine:
 
     def landed(self, head: pb.Chunk, peer: str) -> None:
         """An admitted chunk has been applied (called on the loop, in the order chunks came)."""
-        self.land(head, peer)
-        self.after_landing()
+        if self.land(head, peer):
+            self.after_landing()
 
     def land(self, head: pb.Chunk, peer: str) -> bool:
         """An applied chunk's range moves on, and it is counted: on the loop, or on the
@@ -311,8 +311,10 @@ class Engine:
         return False
 
     def after_landing(self) -> None:
-        """On the loop, after a chunk has landed: what waited on it goes on."""
-        self._wake()
+        """On the loop, after a chunk has landed: what waited on it goes on. (`land` noted
+        the time already; noted here, it could come after the iteration ended, and a rank
+        between iterations would look stalled.)"""
+        self._recheck()
 
     async def accept_staged(self, head: pb.Chunk, payload: memoryview, peer: str, after=None) -> None:
         """Apply a chunk that could not land when it arrived, once it may; after `after`

@@ -524,16 +524,21 @@ def test_a_waiter_listed_just_after_a_landing_it_missed_does_not_sleep():
     Here the condition turns true right after its first check, and nothing else ever wakes
     the loop."""
     engine = _engine_of([plan_format.Step(0, [], [])], _RecordingCall())
-    checks = []
+    looked = []
 
     def ready() -> bool:
-        checks.append(1)
-        return len(checks) > 1  # "landed" just after the first look
+        # a chunk lands right after the first look, and the thread then looks for waiters:
+        # true only once this waiter is listed (a second look before listing is too early)
+        listed = any(entry[0] is ready for entry in engine.waiters)
+        if not looked:
+            looked.append(engine._awaited())  # the landing's look: no waiter listed yet
+        return listed
 
     async def scenario():
         await asyncio.wait_for(engine._until(ready), 2)
 
     asyncio.run(scenario())
+    assert looked == [False]
 
 
 def test_waiters_stay_listed_while_the_loop_checks_them():
@@ -560,6 +565,43 @@ def test_waiters_stay_listed_while_the_loop_checks_them():
 
     asyncio.run(scenario())
     assert seen == [True]
+
+
+def test_a_waiter_stays_listed_while_its_own_condition_is_checked():
+    """The waiter the loop is checking when a chunk lands: its check read the state before
+    the landing (False), so the landing's look must find it listed and wake the loop, whose
+    next pass lets it go. Unlisted while checked, it would sleep with its condition met."""
+    engine = _engine_of([plan_format.Step(0, [], [])], _RecordingCall())
+    state, looks, released = {"landed": False, "inside": False}, [], []
+
+    def ready() -> bool:
+        value = state["landed"]  # read before the landing
+        if not value and not state["inside"]:
+            state["inside"], state["landed"] = True, True  # a reading thread lands now and looks
+            looks.append(engine._awaited())
+            state["inside"] = False
+        return value
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine.waiters.append((ready, released.append, loop.create_future()))
+        engine._recheck()  # its check is the stale one
+        assert released == []
+        if looks == [True]:  # the landing woke the loop
+            engine._recheck()
+
+    asyncio.run(scenario())
+    assert looks == [True] and released == [None]
+
+
+def test_a_condition_that_raises_wakes_the_loop_to_raise_it():
+    engine = _engine_of([plan_format.Step(0, [], [])], _RecordingCall())
+
+    def broken() -> bool:
+        raise ValueError("unexpected chunk")
+
+    engine.waiters.append((broken, lambda error: None, None))
+    assert engine._awaited() is True
 
 
 class _Watched(dict):
