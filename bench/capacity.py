@@ -3,7 +3,7 @@
 verdict "ok" on this machine (issue 28).
 
     sudo .venv/bin/python bench/capacity.py [--lab bcube,4,1] [--algorithms hips,ring]
-                                            [--rates 100,250,400,600] [--w-over-b 1.0]
+                                            [--rates 100,250,300,350,400,600] [--w-over-b 1.0]
 
 For each rate, lowest first: the lab in bare namespaces with every link at that rate, each
 algorithm run as bench/fidelity.py runs it (warm-up, then back to back, against the cost
@@ -45,7 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", default="bcube,4,1")
     parser.add_argument("--algorithms", default="hips,ring")
-    parser.add_argument("--rates", default="100,250,400,600", help="Mbit/s, comma-separated")
+    parser.add_argument("--rates", default="100,250,300,350,400,600", help="Mbit/s, comma-separated")
     parser.add_argument("--w-over-b", type=float, default=1.0, help="seconds of data per link at each rate")
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
