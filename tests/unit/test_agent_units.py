@@ -384,6 +384,14 @@ def _chunk(step: int, offset: int, value: float, copy: bool = False) -> tuple[pb
     return head, memoryview(np.full(2, value, np.float32).tobytes())
 
 
+def _receive_then_forward() -> list[plan_format.Step]:
+    """Step 0 receives [0, 4) from rank 1 (two chunks); step 1 sends that range back."""
+    return [
+        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
+        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
+    ]
+
+
 async def _settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
@@ -393,10 +401,7 @@ def test_a_reduced_chunk_is_forwarded_before_the_rest_of_its_step_arrives():
     """Per-range ordering, as NCCL pipelines a ring: step 1 sends what step 0 receives, and
     its first chunk leaves as soon as that chunk is reduced, not after the whole range."""
     call = _RecordingCall()
-    engine = _engine_of([
-        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
-        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
-    ], call)
+    engine = _engine_of(_receive_then_forward(), call)
 
     async def scenario():
         run = asyncio.create_task(engine.allreduce(0))
@@ -460,10 +465,7 @@ def test_a_transfers_next_chunk_is_admitted_on_the_reading_thread_once_the_last_
     import threading
 
     call = _RecordingCall()
-    engine = _engine_of([
-        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
-        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
-    ], call)
+    engine = _engine_of(_receive_then_forward(), call)
     admitted = []
 
     def reading_thread() -> None:
@@ -495,10 +497,7 @@ def test_a_landing_wakes_the_loop_only_when_something_waits_that_may_go_on():
     forward is blocked writing its first chunk), does not."""
     gate = asyncio.Event()
     call = _RecordingCall(gate)
-    engine = _engine_of([
-        plan_format.Step(0, [], [plan_format.Recv(1, 0, 4)]),
-        plan_format.Step(1, [plan_format.Send(1, 0, 4, False, -1)], []),
-    ], call)
+    engine = _engine_of(_receive_then_forward(), call)
 
     async def scenario():
         run = asyncio.create_task(engine.allreduce(0))
