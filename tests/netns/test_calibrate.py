@@ -25,6 +25,7 @@ def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_ne
     # α per transport on the calibration lab, kept where runs and predictions read it
     alpha = json.loads((tmp_path / "latency.json").read_text())["labs"]["star-4 netns"]
     assert set(alpha) == {"tcp", "grpc"} and all(0 < a["alpha_s"] < 0.1 and a["pingpong_s"] > 0 for a in alpha.values())
+    assert all(0 < a["cpu_idle_share"] <= 1 for a in alpha.values())  # how busy the machine was meanwhile
     assert "α on star-4 netns over tcp" in done.stdout
     predicted = _testbed("predict", "star,8", "-a", "ring", "--bandwidth", "100Mbit", "--json", state=tmp_path)
     assert predicted.returncode == 0, predicted.stderr

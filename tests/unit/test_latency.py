@@ -113,6 +113,25 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
     assert calibrate.latency_for(lab, "tcp").alpha == 0.0015 and calibrate.latency_for(lab, "grpc").alpha == 0.003
 
 
+def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
+    """A kept α measured while the CPU had less than the verdict's idle share (the agents
+    waiting for a core, fitted as latency) is not used: the run measures it again. One
+    measured quiet is used, and so is one kept before the share was recorded."""
+    netns = lab_from_argument("bcube,2,1", **{"servers.runtime": "netns"})
+    docker = netns.model_copy(update={"servers": netns.servers.model_copy(update={"runtime": "docker"})})
+    calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.05})
+    assert calibrate.latency_for(netns, "tcp") is None
+    assert calibrate.latency_for(docker, "tcp") is None  # nor borrowed by the other runtime
+    assert "too busy" in calibrate.describe_latency({**MEASURED, "cpu_idle_share": 0.05})
+    calibrate.save_latency(docker, "tcp", {**MEASURED, "alpha_s": 0.0004, "cpu_idle_share": 0.6})
+    assert calibrate.latency_for(netns, "tcp") == (0.0004, 2)  # the quiet one, borrowed
+    calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.2})
+    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2)
+    calibrate.save_latency(netns, "tcp", MEASURED)  # kept before the share was recorded
+    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2)
+    assert "busy" not in calibrate.describe_latency({**MEASURED, "cpu_idle_share": 0.6})
+
+
 @pytest.mark.parametrize("content, field", [
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": -1, "pingpong_s": 0, "allreduce_s": 0}}}}', "alpha_s"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": "1", "pingpong_s": 0, "allreduce_s": 0}}}}', "alpha_s"),
@@ -121,6 +140,10 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 0}}}}', "cores"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2.5}}}}',
      "cores"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2, '
+     '"cpu_idle_share": 1.5}}}}', "cpu_idle_share"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2, '
+     '"cpu_idle_share": "0.5"}}}}', "cpu_idle_share"),
     ('{"labs": {"star-4 netns": {"tcp": 3}}}', "star-4 netns.tcp"),
     ('{"labs": []}', "labs"),
     ("[1, 2", "unreadable"),
