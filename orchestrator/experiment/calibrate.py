@@ -32,6 +32,7 @@ from typing import Callable, NamedTuple
 from orchestrator.cost.cpu import Calibration
 from orchestrator.emulation.journal import state_root, write_inside
 from orchestrator.errors import TestbedError
+from orchestrator.experiment.verdict import MIN_IDLE
 
 LAB = "star,4"
 RATE = "1Gbit"
@@ -206,8 +207,6 @@ def trusted(measured: dict) -> bool:
     (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured on a
     quiet machine). One measured with less than the verdict's idle share (MIN_IDLE) is
     measured again; one kept before the share was recorded is taken as it is."""
-    from orchestrator.experiment.verdict import MIN_IDLE
-
     return measured.get("cpu_idle_share", 1.0) >= MIN_IDLE
 
 
@@ -305,12 +304,11 @@ def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], 
 
 def describe_latency(measured: dict[str, float]) -> str:
     idle = measured.get("cpu_idle_share")
-    busy = "" if idle is None or trusted(measured) else \
-        f"; the CPU was {idle:.0%} idle: too busy to keep trusting it, measured again next time"
+    cpu = "" if idle is None else f"; CPU {idle:.0%} idle" + (
+        "" if trusted(measured) else ": too busy to keep trusting it, measured again next time")
     return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {measured['cores']} cores "
             f"(fitted to a zero-byte ring of {measured['allreduce_s'] * 1e3:.2f} ms; a ping-pong between two "
-            f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs{'' if idle is None else f'; CPU {idle:.0%} idle'}"
-            f"{busy})")
+            f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs{cpu})")
 
 
 def measure_lab_latency(argument: str, transports: list[str], progress: Callable[[str], None] = lambda _: None) -> str:
