@@ -37,6 +37,10 @@ class Metrics:
         self.gradient = Gauge("testbed_gradient_bytes", "Bytes of the gradient the current run reduces", **labels)
         self.workers = Gauge("testbed_workers", "Workers (ranks holding a gradient) in the current run", **labels)
         self.node = node
+        # each peer's (and NIC's) counter, looked up once: counted per chunk, from reading and
+        # writing threads, where labels() cost as much as the rest of the bookkeeping
+        self._sent_to: dict[tuple[str, int], object] = {}
+        self._received_from: dict[str, object] = {}
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, resident memory, fds
         PlatformCollector(registry=self.registry)
 
@@ -45,6 +49,12 @@ class Metrics:
 
     def count_bytes(self, peer: str, sent: int, received: int, nic: int = -1) -> None:
         if sent:
-            self.sent.labels(peer, str(nic) if nic >= 0 else "routed").inc(sent)
+            child = self._sent_to.get((peer, nic))
+            if child is None:
+                child = self._sent_to[peer, nic] = self.sent.labels(peer, str(nic) if nic >= 0 else "routed")
+            child.inc(sent)
         if received:
-            self.received.labels(peer).inc(received)
+            child = self._received_from.get(peer)
+            if child is None:
+                child = self._received_from[peer] = self.received.labels(peer)
+            child.inc(received)
