@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import threading
@@ -52,6 +51,7 @@ from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.emulation import Lab, kernel  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
+from orchestrator.monitoring.exporter import host_cpu  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 from tests.netns.probes import iperf3_mbit  # noqa: E402
 
@@ -74,13 +74,14 @@ def goodput(mbytes: int, iterations: int, transport: str = "tcp") -> dict:
             "goal": 0.97, "rss_beyond_buffer_mib": round(memory, 1)}
 
 
-def cpu_counters() -> tuple[int, int]:
-    fields = list(map(int, Path("/proc/stat").read_text().splitlines()[0].split()[1:]))
-    return sum(fields), fields[3] + fields[4]
+def cpu_counters() -> tuple[float, float]:
+    """(all, idle) CPU seconds of the host, as `testbed run`'s verdict reads them."""
+    cpu = host_cpu()
+    return cpu["idle"] + cpu["busy"], cpu["idle"]
 
 
-def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
-    return round(1 - (after[1] - before[1]) / max(1, after[0] - before[0]), 2)
+def cpu_busy(before: tuple[float, float], after: tuple[float, float]) -> float:
+    return round(1 - (after[1] - before[1]) / max(1e-9, after[0] - before[0]), 2)
 
 
 # Steady state: CPU and the bytes the servers' fabric NICs received, sampled this often by a
@@ -102,7 +103,7 @@ class SteadyState:
 
     def __init__(self, lab) -> None:
         self.nics = {lab.namespace(s.name): s.data_nics()[0].name for s in lab.topology.servers}
-        self.samples: list[tuple[float, int, int, int]] = []
+        self.samples: list[tuple[float, float, float, int]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -110,9 +111,9 @@ class SteadyState:
         with kernel.Netlink() as nl:  # a Netlink is used by the thread that made it
             nl.open(self.nics)
             while not self.done.is_set():
-                all_ticks, idle = cpu_counters()
+                all_seconds, idle = cpu_counters()
                 received = sum(kernel.links_in(nl, ns)[nic]["rx_bytes"] for ns, nic in self.nics.items())
-                self.samples.append((time.monotonic(), all_ticks - idle, all_ticks, received))
+                self.samples.append((time.monotonic(), all_seconds - idle, all_seconds, received))
                 self.done.wait(SAMPLE_S)
 
     def __enter__(self) -> "SteadyState":
@@ -135,9 +136,9 @@ class SteadyState:
         if first is None or last - first < 4:
             return {}
         (t0, busy0, all0, rx0), (t1, busy1, all1, rx1) = self.samples[first], self.samples[last]
-        core_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+        core_s = busy1 - busy0
         return {"steady_cpu_s_per_gb": round(core_s / ((rx1 - rx0) / 1e9), 3), "steady_seconds": round(t1 - t0, 1),
-                "steady_cpu_busy": round((busy1 - busy0) / max(1, all1 - all0), 3)}
+                "steady_cpu_busy": round((busy1 - busy0) / max(1e-9, all1 - all0), 3)}
 
 
 def iperf3_ring(lab, servers: int, seconds: int = 20) -> dict:
@@ -167,9 +168,9 @@ def iperf3_ring(lab, servers: int, seconds: int = 20) -> dict:
             **steady.figures(lab.spec.links.bandwidth)}
 
 
-def core_seconds(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Busy core-seconds between two readings of /proc/stat (clock ticks of 1/100 s)."""
-    return ((after[0] - before[0]) - (after[1] - before[1])) / os.sysconf("SC_CLK_TCK")
+def core_seconds(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Busy core-seconds between two readings of `cpu_counters`."""
+    return (after[0] - before[0]) - (after[1] - before[1])
 
 
 def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0,

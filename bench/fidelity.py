@@ -113,7 +113,7 @@ def measure(lab, endpoints: list, network: Network, case: Case, elements: int, i
         "lab": lab.spec.name, "algorithm": case.label, "workers": len(workers), "servers": len(eps) - len(workers),
         "measured_s": round(measured, 4), "predicted_s": round(predicted, 4), "ratio": round(measured / predicted, 3),
         "measured_w_over_b": round(measured / unit, 3), "predicted_w_over_b": round(predicted / unit, 3),
-        "cpu_idle": round((after[1] - before[1]) / max(1, after[0] - before[0]), 4),
+        "cpu_idle": round((after[1] - before[1]) / max(1e-9, after[0] - before[0]), 4),
         "rss_beyond_buffer_mib": round(max(r.peak_rss_mib - r.buffer_mib for r in result.results), 1),
         "iterations_s": [round(t, 3) for t in per_iteration],
         "paced": pace,

@@ -90,7 +90,7 @@ def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterati
             "predicted_s": round(predicted, 5), "ratio": round(measured / predicted, 3),
             "measured_s_over_b": round(measured / unit, 3), "predicted_s_over_b": round(predicted / unit, 3),
             "alone_s_over_b": round(result.predicted.seconds / unit, 3),
-            "cpu_idle": round((after[1] - before[1]) / max(1, after[0] - before[0]), 2)}
+            "cpu_idle": round((after[1] - before[1]) / max(1e-9, after[0] - before[0]), 2)}
 
 
 def with_alpha(lab, endpoints, network: Network) -> Network:

@@ -72,13 +72,15 @@ def load() -> Calibration:
         raise NotCalibrated(f"{where}: unreadable calibration ({exc}): run `testbed calibrate` again") from None
 
 
-def _cpu() -> tuple[int, int]:
-    fields = list(map(int, Path("/proc/stat").read_text().splitlines()[0].split()[1:]))
-    return sum(fields), fields[3] + fields[4]
+def _cpu() -> dict[str, float]:
+    """The host's idle and busy CPU seconds, read as `testbed run`'s verdict reads them."""
+    from orchestrator.monitoring.exporter import host_cpu
+
+    return host_cpu()
 
 
-def _busy_core_seconds(before: tuple[int, int], after: tuple[int, int]) -> float:
-    return ((after[0] - before[0]) - (after[1] - before[1])) / os.sysconf("SC_CLK_TCK")
+def _busy_core_seconds(before: dict[str, float], after: dict[str, float]) -> float:
+    return after["busy"] - before["busy"]
 
 
 def _iperf3_ring(lab) -> tuple[float, float]:
@@ -289,7 +291,8 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     alpha, allreduce = timed(list(endpoints))
     pingpong, _ = timed(list(endpoints[:2]))
     after = _cpu()
-    total, idle = after[0] - before[0], after[1] - before[1]
+    idle = after["idle"] - before["idle"]
+    total = idle + _busy_core_seconds(before, after)
     return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "cores": cores,
             "cpu_idle_share": round(idle / total, 4) if total > 0 else 1.0}
 
