@@ -247,6 +247,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     import dataclasses
 
     from orchestrator.collectives.context import Context
+    from orchestrator.monitoring.exporter import idle_share
     from orchestrator.cost import Network
     from orchestrator.cost.latency import fit_alpha
     from orchestrator.cost.predict import predict_schedules
@@ -290,11 +291,9 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     before = _cpu()
     alpha, allreduce = timed(list(endpoints))
     pingpong, _ = timed(list(endpoints[:2]))
-    after = _cpu()
-    idle = after["idle"] - before["idle"]
-    total = idle + _busy_core_seconds(before, after)
+    share = idle_share(before, _cpu())
     return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "cores": cores,
-            "cpu_idle_share": round(idle / total, 4) if total > 0 else 1.0}
+            "cpu_idle_share": round(share, 4) if share is not None else 1.0}
 
 
 def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:

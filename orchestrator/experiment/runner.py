@@ -33,7 +33,7 @@ from orchestrator.experiment.plan import (Plan, PlannedPoint, compiled_point, co
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
-from orchestrator.monitoring.exporter import FabricCollector, host_cpu, link_place
+from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_share, link_place
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
 from orchestrator.control import checker, driver
@@ -530,11 +530,7 @@ def _idle_shares(before: dict, after: dict) -> dict[str, float | None]:
     for host, cpu in (after.get("host_cpus") or {}).items():
         if host in (before.get("host_cpus") or {}):
             machines[host] = (before["host_cpus"][host], cpu)
-    shares = {}
-    for machine, (first, last) in machines.items():
-        idle, busy = (last[mode] - first[mode] for mode in ("idle", "busy"))
-        shares[machine] = idle / (idle + busy) if idle + busy > 0 else None
-    return shares
+    return {machine: idle_share(first, last) for machine, (first, last) in machines.items()}
 
 
 def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> dict:

@@ -132,6 +132,12 @@ def host_cpu() -> dict[str, float]:
     idle = ticks[3] + ticks[4]
     return {"idle": idle / TICKS, "busy": (sum(ticks) - idle) / TICKS}
 
+
+def idle_share(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The idle share of the CPU between two `host_cpu()` readings (None: no time between)."""
+    idle, busy = (after[mode] - before[mode] for mode in ("idle", "busy"))
+    return idle / (idle + busy) if idle + busy > 0 else None
+
 class FabricCollector(Collector):
     """Reads the lab's links at every collect(); one scrape at a time."""
 

@@ -23,16 +23,10 @@ from orchestrator.agent.proto import testbed_pb2_grpc as pb_grpc
 from orchestrator.control import driver, workloads
 from orchestrator.control.driver import control_channel
 from orchestrator.control.local import local_agents
-from orchestrator.monitoring.exporter import host_cpu
+from orchestrator.monitoring.exporter import host_cpu, idle_share
 
 ANSWER_WITHIN = 1.0  # seconds: the issue's bound
 ELEMENTS = 16 * 2**20  # 64 MiB per agent
-
-
-def _cpu() -> tuple[float, float]:
-    """(all, idle) CPU seconds of the host, as `testbed run`'s verdict reads them."""
-    cpu = host_cpu()
-    return cpu["idle"] + cpu["busy"], cpu["idle"]
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +64,21 @@ def test_control_and_health_answer_within_a_second_under_a_saturated_data_plane(
         while not all(s.Status(pb.Empty(), timeout=10).state == "running" for s in control):
             assert "ended" not in outcome and time.monotonic() < deadline, outcome.get("error", "the run never ran")
             time.sleep(0.05)
-        cpu, window = _cpu(), time.monotonic() + 3
+        cpu, window = host_cpu(), time.monotonic() + 3
         while time.monotonic() < window and "ended" not in outcome:
             for stub, probe in zip(control, health):
                 began = time.monotonic()
                 stub.Status(pb.Empty(), timeout=10)
                 probe.Check(health_pb2.HealthCheckRequest(service="testbed.Control"), timeout=10)
                 slowest, asked = max(slowest, (time.monotonic() - began) / 2), asked + 2
-        after = _cpu()
+        after = host_cpu()
     finally:
         worker.join()
         for channel in channels + probes:
             channel.close()
     assert "error" not in outcome, outcome.get("error")
-    busy = 1 - (after[1] - cpu[1]) / max(1e-9, after[0] - cpu[0])
+    idle = idle_share(cpu, after)
+    busy = 1 - idle if idle is not None else 0.0  # no time measured: nothing shown
     assert outcome["ended"] > window or asked >= 40, "the run ended before the agents were asked long enough"
     # loopback agents leave ~10 % of 2 cores idle at most (the driver's polls, TCP's own waits)
     assert busy > 0.8, f"the CPU was {busy:.0%} busy while asking: not saturated, nothing shown"
