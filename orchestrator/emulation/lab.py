@@ -370,7 +370,7 @@ class Lab:
                 if not self.here(end.node):  # its own host shapes it
                     continue
                 if rate_bps is not None:
-                    kernel.set_rate(nl, ns[end.node], end.interface, rate_bps)
+                    kernel.set_rate(nl, ns[end.node], end.interface, rate_bps, self.spec.links.mtu)
                 if queue_too:
                     queue = self.topology.queue_of(end.node, other.node, self.spec.links.queue)
                     kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent,
@@ -609,12 +609,13 @@ class _Builder:
             peer = self.topology.peer(Endpoint(name, ifname))
             if peer is None:
                 kernel.shape(nl, space, ifname, links.bandwidth, links.queue, links.delay, links.jitter, links.loss,
-                             self.lab.leaf(name, None))
+                             self.lab.leaf(name, None), links.mtu)
                 continue
             t, there = self.topology, peer.node
-            kernel.shape(nl, space, ifname, int(t.rate_of(name, there, links.bandwidth)),
-                         t.queue_of(name, there, links.queue), t.delay_of(name, there, links.delay), links.jitter,
-                         links.loss, self.lab.leaf(name, there))
+            rate = int(t.rate_of(name, there, links.bandwidth))
+            kernel.shape(nl, space, ifname, rate, t.queue_of(name, there, links.queue),
+                         t.delay_of(name, there, links.delay), links.jitter, links.loss, self.lab.leaf(name, there),
+                         links.mtu)
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the

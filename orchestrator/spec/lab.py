@@ -54,9 +54,10 @@ def _wrap(parser):
 # Measured through emulation/kernel.py (pyroute2 0.9.7, Linux 6.18) unless said otherwise.
 # HTB: pyroute2 sends TCA_HTB_RATE64 from 2^32 bytes/s up, so the kernel takes up to 2^64-1
 # bytes/s (pyroute2 fails to pack beyond, ~2^67 bit/s; `tc` shows 0bit from 2^64 bit/s). The
-# floor comes from shape()'s burst of >= 67,050 bytes, which HTB holds as u32 ticks of 64 ns:
-# below 1,953 bit/s it no longer fits. We take a round 10kbit, and 1Tbit: the largest unit we
-# parse, measured to build and read back exactly, and >100x what a veth carried here (8.7 Gbit/s).
+# floor comes from shape()'s bucket of at least two frames (kernel.bucket_bytes; 131,098 bytes
+# at MTU 65535), which HTB holds as u32 ticks of 64 ns: below 3,815 bit/s it no longer fits.
+# We take a round 10kbit, and 1Tbit: the largest unit we parse, measured to build and read
+# back exactly, and >100x what a veth carried here (8.7 Gbit/s).
 MIN_RATE, MAX_RATE = 10_000, 10**12
 # netem: delay and jitter are u32 ticks of 64 ns, at most 274.9 s (measured: pyroute2 refuses
 # beyond). 60 s one way is already past TCP giving up on a connection (6 SYN retries, 127 s).
