@@ -612,10 +612,9 @@ class _Builder:
                              self.lab.leaf(name, None), links.mtu)
                 continue
             t, there = self.topology, peer.node
-            rate = int(t.rate_of(name, there, links.bandwidth))
-            kernel.shape(nl, space, ifname, rate, t.queue_of(name, there, links.queue),
-                         t.delay_of(name, there, links.delay), links.jitter, links.loss, self.lab.leaf(name, there),
-                         links.mtu)
+            kernel.shape(nl, space, ifname, int(t.rate_of(name, there, links.bandwidth)),
+                         t.queue_of(name, there, links.queue), t.delay_of(name, there, links.delay), links.jitter,
+                         links.loss, self.lab.leaf(name, there), links.mtu)
 
     def management(self) -> None:
         """The root namespace's side as the plan lays it out (bridges with isolated ports, the
