@@ -58,6 +58,10 @@ fi
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ -d /usr/lib/python3/dist-packages/pyverbs ] && ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
 
+# the tcp transport's native data path (orchestrator/agent/native/dataplane.c, ~1 s with gcc):
+# rebuilt whenever its source is newer; the agent wheel and the server image carry it
+"$VENV/bin/python" -c 'from orchestrator.agent import native; native.build_if_stale()'
+
 # Host settings the README's labs need (up to fattree,16: the neighbour table's cap), one
 # line each with why, from orchestrator/emulation/capacity.py: the figures `testbed up`
 # checks. A value the host already has higher is kept, never lowered.

@@ -103,11 +103,13 @@ class Agent:
         _set_mmap_threshold(mmap_threshold(plan_format.peers(plans)))  # before the buffer: it stays out of the heap
         buffer = np.zeros(config.size, dtype=np.float32)
         self.buffer_bytes = buffer.nbytes
-        self.engine = Engine(
+        arguments = (
             config.run_id, config.rank, plans, buffer, peers,
             config.chunk_bytes or plan_format.DEFAULT_CHUNK_BYTES, config.credit_bytes, self.metrics.count_bytes,
             self.window_bytes, plan_format.link_rate(config.plan_json), config.transport, config.trace,
         )
+        own = transports.get(config.transport).engine  # a transport that moves chunks itself
+        self.engine = (own(*arguments) if own is not None else None) or Engine(*arguments)
         # connected before Start: the orchestrator may read the connections' paths in between
         await self.engine.connect()
         self.watched = time.monotonic()

@@ -7,7 +7,8 @@ transport only moves one rank's chunks to a peer's address and says why it could
 
     grpc   gRPC Data.Push streams (HTTP/2): the reference path, any gRPC peer can speak it
     tcp    one plain TCP connection per (peer, NIC), read straight into the gradient buffer
-           and written from it by threads outside the interpreter lock: the kernel's cost
+           and written from it, every chunk by native threads (agent/native) where the
+           library is built, else by threads and the event loop in Python
     rdma   RoCE v2 queue pairs per (peer, NIC) over soft-RoCE, through pyverbs and rdma_cm;
            paced by the agent, since rxe has no congestion control
 
@@ -48,6 +49,9 @@ class Transport:
     # pick_address([host:port, ...]) → the one to send to when a transfer names no NIC
     # (None: the peer's first address, which the kernel routes to whichever NIC it arrives on)
     pick_address: Callable[[list[str]], str] | None = None
+    # engine(*Engine's arguments) → a rank's engine that moves the chunks itself, or None to
+    # leave them to agent/engine.py (the tcp transport's native data path when it is built)
+    engine: Callable[..., object] | None = None
 
 
 TRANSPORTS: dict[str, Transport] = {}
@@ -56,12 +60,13 @@ TRANSPORTS: dict[str, Transport] = {}
 def register(name: str, sender: Callable[..., object], port_offset: int, about: str = "",
              holds_messages: bool = False, send_buffer: int = 0, listener: Callable[..., object] | None = None,
              optional: bool = False, paces_itself: bool = False, wire: str = "tcp",
-             pick_address: Callable[[list[str]], str] | None = None) -> None:
+             pick_address: Callable[[list[str]], str] | None = None,
+             engine: Callable[..., object] | None = None) -> None:
     """Add (or replace) the transport `name`: `sender(run_id, rank, window_bytes)` makes a
     rank's sending side; its peers listen on each data address's port + `port_offset`
     (with `listener`, see Transport)."""
     TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer, listener,
-                                 optional, paces_itself, wire, pick_address)
+                                 optional, paces_itself, wire, pick_address, engine)
 
 
 def get(name: str) -> Transport:

@@ -418,7 +418,8 @@ class _Reader:
             _recv_into(self.sock, memoryview(run_id))
             engine = self._call(self.engine_for(run_id.decode("utf-8", "replace")), 90)
             engine.inbound.add(self.sock)
-            self._serve(engine, src)
+            serve = getattr(engine, "serve", None)  # an engine with its own data path (agent/native)
+            serve(self.sock, src) if serve is not None else self._serve(engine, src)
         except (ConnectionError, OSError):
             pass  # the peer went away (or its run was reconfigured): its sender reports it
         except Exception as exc:  # noqa: BLE001 - the sender names it as a refusal
@@ -496,5 +497,15 @@ class _Reader:
         self.staged_bytes.clear()
 
 
-register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), read and written outside the interpreter lock",
-         send_buffer=SEND_BUFFER_BYTES, listener=TcpListener)
+def _native_engine(*args, **kwargs):
+    """The rank's engine on dataplane.c when it is built (agent/native); None: Python's."""
+    from orchestrator.agent import native
+    if not native.available():
+        return None
+    from orchestrator.agent.native.engine import NativeEngine
+    return NativeEngine(*args, **kwargs)
+
+
+register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), each chunk moved by native threads "
+         "(agent/native) outside the interpreter", send_buffer=SEND_BUFFER_BYTES, listener=TcpListener,
+         engine=_native_engine)

@@ -1,0 +1,857 @@
+/* The tcp transport's data path, per chunk, outside the interpreter (issue 28).
+ *
+ * Python (agent/native_engine.py) describes an iteration once: every range a rank receives
+ * or sends, per partition, with the connection each send goes out on. Threads here then
+ * move the chunks: one writer per outgoing connection (and one reading its ACKs), and
+ * whichever Python thread serves an incoming connection calls dp_serve, which reads chunks
+ * straight into the gradient buffer (a copy) or into a scratch slice it adds in (a
+ * reduction). The rules are agent/engine.py's, chunk by chunk:
+ *   - a chunk of a step-s send is written once every receive of an earlier step into its
+ *     range has been applied (clear_to_send);
+ *   - an arrived chunk of step s is applied once, besides, every send of an earlier step
+ *     out of its range has been written (clear_to_apply), and once this rank has entered
+ *     its iteration (a chunk of the next one waits); one that may not land yet is staged
+ *     and applied by whichever thread later makes it clear;
+ *   - a partition's steps are written in turn (the sends of one step at once), partitions
+ *     start by priority within `credit` bytes in flight, a stream (partition, connection)
+ *     writes its transfers one after another, and END ends it once its partition is
+ *     written; the receiver ACKs an END once everything before it has landed.
+ * Range state lives in arrays the caller owns (numpy), so Python reads it as it moves
+ * (stall reports, traces, counters) without a call. Frames are agent/transports/tcp.py's.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HELLO 1
+#define CHUNK 2
+#define END 3
+#define ACK 4
+#define REFUSE 5
+#define MAX_REASON 4096
+#define ERROR_LEN (MAX_REASON + 1)
+#ifndef SO_MAX_PACING_RATE
+#define SO_MAX_PACING_RATE 47
+#endif
+
+#pragma pack(push, 1)
+typedef struct {
+    uint8_t kind, flag;
+    uint16_t pad;
+    uint32_t iteration, partition, step, src;
+    uint64_t offset;
+    uint32_t count;
+} head_t;
+#pragma pack(pop)
+_Static_assert(sizeof(head_t) == 32, "frame head is 32 bytes");
+
+/* One range of the iteration, as arrays (struct of arrays, owned by the caller). */
+typedef struct {
+    int32_t *part, *step, *peer, *kind; /* kind: 0 receive, 1 send */
+    int64_t *lo, *hi, *start;
+    int32_t *conn, *order, *copy, *done;  /* send: connection index, order among its step's sends */
+    int32_t *step_index;                  /* send: index of its step in the partition's plan */
+    double *share, *begun, *first, *last; /* send: share of the link; times (CLOCK_REALTIME) */
+} ranges_t;
+
+typedef struct staged {
+    struct staged *next;
+    int range, serve; /* the range it belongs to; the serving call that staged it */
+    int64_t offset;
+    int32_t count, copy;
+    float data[];
+} staged_t;
+
+typedef struct {
+    int fd, rank, dead, reader_done, next_stream;
+    int *ends; /* stream ids whose END is due, in order */
+    int nends, cap_ends, acks_due;
+    int pace_dirty;
+    uint64_t paced; /* the rate last set (0: never) */
+    char error[ERROR_LEN];
+    int refused; /* the error is the receiver's refusal (ACK with a reason, or REFUSE) */
+    pthread_t writer, reader;
+    int threads;
+} conn_t;
+
+typedef struct {
+    int first_range, nranges; /* its ranges are contiguous */
+    int nsteps;               /* steps of its plan that have sends (their step_index 0..) */
+    int64_t cost;
+    int cur, started, written, done; /* cur: step_index being written */
+} part_t;
+
+typedef struct {
+    int32_t rank;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* writers: a receive moved on, an END is due */
+    pthread_cond_t cv_done; /* dp_iterate and dp_close: a transfer, an ACK, an error */
+    pthread_cond_t cv_serve; /* serving calls: an iteration began, a staged chunk landed */
+    pthread_mutex_t apply_mu; /* two serving threads may add into one range in one step (a PS) */
+    float *buffer;
+    int64_t elements, chunk, stage_bytes, credit;
+    double link_rate, slack;
+    ranges_t r;
+    int nranges;
+    part_t *parts;
+    int32_t *start_order; /* partition indices by priority */
+    int nparts, next_start;
+    int64_t in_flight;
+    conn_t *conns;
+    int nconns, max_conns;
+    int64_t iteration;
+    int closed, running, cancelled;
+    char error[ERROR_LEN];
+    int error_rank, error_refused;
+    staged_t *staged;
+    int64_t *staged_bytes; /* per serving call */
+    int nserve, serving;
+    double *progressed; /* CLOCK_MONOTONIC of the last chunk moved (shared with Python) */
+    int64_t *moved;      /* [0] bytes written, [1] bytes landed (shared) */
+} dp_t;
+
+static double now_real(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double now_mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* -- rules (caller holds mu) ------------------------------------------------------------ */
+static void wake_all(dp_t *d) {
+    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&d->cv_done);
+    pthread_cond_broadcast(&d->cv_serve);
+}
+
+static int overlaps_earlier(dp_t *d, int part, int kind, int step, int64_t lo, int64_t hi) {
+    part_t *p = &d->parts[part];
+    for (int i = p->first_range; i < p->first_range + p->nranges; i++)
+        if (d->r.kind[i] == kind && d->r.step[i] < step && d->r.lo[i] < d->r.hi[i] && d->r.lo[i] < hi &&
+            lo < d->r.hi[i])
+            return 1;
+    return 0;
+}
+
+static int clear_to_send(dp_t *d, int part, int step, int64_t lo, int64_t hi) {
+    return !overlaps_earlier(d, part, 0, step, lo, hi);
+}
+
+static int clear_to_apply(dp_t *d, int part, int step, int64_t lo, int64_t hi) {
+    return clear_to_send(d, part, step, lo, hi) && !overlaps_earlier(d, part, 1, step, lo, hi);
+}
+
+static void fail(dp_t *d, int rank, int refused, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail(dp_t *d, int rank, int refused, const char *fmt, ...) {
+    if (d->error[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->error, ERROR_LEN, fmt, ap);
+    va_end(ap);
+    if (!d->error[0]) snprintf(d->error, ERROR_LEN, "failed");
+    d->error_rank = rank;
+    d->error_refused = refused;
+    wake_all(d);
+}
+
+static void start_partitions(dp_t *d);
+
+static void activate_step(dp_t *d, part_t *p) {
+    /* the first step at or after `cur` with a send still to write; none: the partition is
+     * written, and its streams' ENDs are due */
+    double now = now_real();
+    for (; p->cur < p->nsteps; p->cur++) {
+        int any = 0;
+        for (int i = p->first_range; i < p->first_range + p->nranges; i++)
+            if (d->r.kind[i] == 1 && d->r.step_index[i] == p->cur && !d->r.done[i]) {
+                any = 1;
+                if (d->r.begun[i] == 0) d->r.begun[i] = now;
+                d->conns[d->r.conn[i]].pace_dirty = 1;
+            }
+        if (any) return;
+    }
+    if (p->written) return;
+    p->written = 1;
+    /* one END per connection this partition sent on */
+    for (int c = 0; c < d->nconns; c++) {
+        int used = 0;
+        for (int i = p->first_range; i < p->first_range + p->nranges && !used; i++)
+            used = d->r.kind[i] == 1 && d->r.conn[i] == c;
+        if (!used) continue;
+        conn_t *k = &d->conns[c];
+        if (k->nends == k->cap_ends) {
+            k->cap_ends = k->cap_ends ? 2 * k->cap_ends : 16;
+            k->ends = realloc(k->ends, k->cap_ends * sizeof(int));
+        }
+        k->ends[k->nends++] = k->next_stream++;
+        k->acks_due++;
+    }
+}
+
+static void check_done(dp_t *d, part_t *p) {
+    if (p->done || !p->written) return;
+    for (int i = p->first_range; i < p->first_range + p->nranges; i++)
+        if (!d->r.done[i]) return;
+    /* every END of it written: none of its streams' ENDs still queued */
+    p->done = 1;
+    d->in_flight -= p->cost;
+    start_partitions(d);
+}
+
+static void start_partitions(dp_t *d) {
+    while (d->next_start < d->nparts) {
+        part_t *p = &d->parts[d->start_order[d->next_start]];
+        if (d->credit && d->in_flight && d->in_flight + p->cost > d->credit) return;
+        d->next_start++;
+        p->started = 1;
+        d->in_flight += p->cost;
+        activate_step(d, p);
+        check_done(d, p);
+    }
+}
+
+/* a range moved on by `count` elements (caller holds mu) */
+static void advance(dp_t *d, int i, int64_t count) {
+    double now = now_real();
+    if (d->r.first[i] == 0) d->r.first[i] = now;
+    d->r.lo[i] += count;
+    *d->progressed = now_mono();
+    d->moved[d->r.kind[i] == 1 ? 0 : 1] += count * 4;
+    if (d->r.lo[i] >= d->r.hi[i]) {
+        d->r.done[i] = 1;
+        d->r.last[i] = now;
+        part_t *p = &d->parts[d->r.part[i]];
+        if (d->r.kind[i] == 1) {
+            d->conns[d->r.conn[i]].pace_dirty = 1;
+            activate_step(d, p);
+        }
+        check_done(d, p);
+        wake_all(d); /* a transfer done: a step, a partition or the iteration may be */
+    } else if (d->r.kind[i] == 0) {
+        pthread_cond_broadcast(&d->cv); /* a send waiting on this range may go on */
+    }
+}
+
+static void apply(dp_t *d, int64_t offset, const float *data, int32_t count, int copy) {
+    float *view = d->buffer + offset;
+    if (copy) {
+        memcpy(view, data, (size_t)count * 4);
+        return;
+    }
+    pthread_mutex_lock(&d->apply_mu);
+    for (int32_t j = 0; j < count; j++) view[j] += data[j];
+    pthread_mutex_unlock(&d->apply_mu);
+}
+
+/* staged chunks that may land now do (caller holds mu) */
+static void land_staged(dp_t *d) {
+    int moved = 1;
+    while (moved) {
+        moved = 0;
+        for (staged_t **at = &d->staged; *at;) {
+            staged_t *s = *at;
+            int i = s->range;
+            int earlier = 0; /* a chunk of its transfer staged before it goes first */
+            for (staged_t *t = d->staged; t != s; t = t->next) earlier |= t->range == i;
+            if (!earlier && s->offset == d->r.lo[i] &&
+                clear_to_apply(d, d->r.part[i], d->r.step[i], s->offset, s->offset + s->count)) {
+                int32_t count = s->count;
+                apply(d, s->offset, s->data, count, s->copy);
+                *at = s->next;
+                d->staged_bytes[s->serve] -= (int64_t)count * 4;
+                free(s);
+                advance(d, i, count);
+                pthread_cond_broadcast(&d->cv_serve);
+                moved = 1;
+                continue;
+            }
+            at = &s->next;
+        }
+    }
+}
+
+/* -- I/O ------------------------------------------------------------------------------------ */
+static int read_full(int fd, void *to, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = recv(fd, (char *)to + got, size - got, MSG_WAITALL);
+        if (n == 0) return -1;
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -2;
+        }
+        got += n;
+    }
+    return 0;
+}
+
+/* write `iov` whole on a non-blocking or blocking socket, waiting for room with poll */
+static int write_full(int fd, struct iovec *iov, int n) {
+    while (n) {
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = n};
+        ssize_t w = sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            if (poll(&p, 1, -1) < 0 && errno != EINTR) return -errno;
+            if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) {
+                int err = 0;
+                socklen_t len = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                return -(err ? err : EPIPE);
+            }
+            continue;
+        }
+        while (n && (size_t)w >= iov[0].iov_len) {
+            w -= iov[0].iov_len;
+            iov++;
+            n--;
+        }
+        if (n) {
+            iov[0].iov_base = (char *)iov[0].iov_base + w;
+            iov[0].iov_len -= w;
+        }
+    }
+    return 0;
+}
+
+static void conn_failed(dp_t *d, conn_t *c, int refused, const char *why) {
+    if (!c->dead || (refused && !c->refused)) {
+        snprintf(c->error, ERROR_LEN, "%s", why);
+        c->refused = refused;
+    }
+    c->dead = 1;
+    wake_all(d);
+}
+
+/* the next thing connection `c` may write (caller holds mu): an END (-2 - its index), a
+ * send range's index, or -1 */
+static int pick(dp_t *d, int c) {
+    if (d->conns[c].nends) return -2;
+    for (int pi = 0; pi < d->nparts; pi++) {
+        part_t *p = &d->parts[pi];
+        if (!p->started || p->written) continue;
+        int best = -1;
+        for (int i = p->first_range; i < p->first_range + p->nranges; i++) {
+            if (d->r.kind[i] != 1 || d->r.conn[i] != c || d->r.done[i] || d->r.step_index[i] != p->cur) continue;
+            if (best < 0 || d->r.order[i] < d->r.order[best]) best = i; /* the stream writes in order */
+        }
+        if (best < 0) continue;
+        int64_t lo = d->r.lo[best], hi = lo + d->chunk < d->r.hi[best] ? lo + d->chunk : d->r.hi[best];
+        if (clear_to_send(d, pi, d->r.step[best], lo, hi)) return best;
+    }
+    return -1;
+}
+
+static void pace(dp_t *d, conn_t *c) {
+    /* the largest share among the transfers it is writing; unpaced with the link to itself;
+     * left as it was once none is (agent/pacing.py) */
+    double share = -1;
+    for (int i = 0; i < d->nranges; i++)
+        if (d->r.kind[i] == 1 && &d->conns[d->r.conn[i]] == c && !d->r.done[i] && d->r.begun[i] != 0 &&
+            d->r.share[i] > share)
+            share = d->r.share[i];
+    c->pace_dirty = 0;
+    if (share < 0 || d->link_rate <= 0) return;
+    uint64_t rate = share >= 1 ? UINT64_MAX : (uint64_t)(share * d->slack * d->link_rate);
+    if (rate == c->paced) return;
+    c->paced = rate;
+    setsockopt(c->fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate);
+}
+
+static void *writer(void *arg) {
+    void **a = arg;
+    dp_t *d = a[0];
+    int ci = (int)(intptr_t)a[1];
+    free(arg);
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        conn_t *c = &d->conns[ci];
+        if (d->closed || c->dead) break;
+        if (!d->running) {
+            pthread_cond_wait(&d->cv, &d->mu);
+            continue;
+        }
+        if (c->pace_dirty) pace(d, c);
+        int i = pick(d, ci);
+        if (i == -1) {
+            pthread_cond_wait(&d->cv, &d->mu);
+            continue;
+        }
+        head_t h = {0};
+        struct iovec iov[2] = {{&h, sizeof h}, {NULL, 0}};
+        int n = 1;
+        int64_t count = 0;
+        if (i == -2) {
+            h.kind = END;
+            h.partition = c->ends[0];
+            memmove(c->ends, c->ends + 1, (--c->nends) * sizeof(int));
+        } else {
+            int64_t lo = d->r.lo[i];
+            count = d->r.hi[i] - lo < d->chunk ? d->r.hi[i] - lo : d->chunk;
+            h.kind = CHUNK;
+            h.flag = d->r.copy[i];
+            h.iteration = (uint32_t)d->iteration;
+            h.partition = d->r.part[i];
+            h.step = d->r.step[i];
+            h.offset = lo;
+            h.count = (uint32_t)count;
+            iov[1].iov_base = d->buffer + lo;
+            iov[1].iov_len = count * 4;
+            n = 2;
+        }
+        h.src = (uint32_t)d->rank;
+        pthread_mutex_unlock(&d->mu);
+        int err = write_full(c->fd, iov, n);
+        pthread_mutex_lock(&d->mu);
+        c = &d->conns[ci];
+        if (err) {
+            char why[ERROR_LEN];
+            snprintf(why, sizeof why, "%s", strerror(-err));
+            conn_failed(d, c, 0, why);
+            break;
+        }
+        if (i >= 0) {
+            advance(d, i, count);
+            if (d->staged) land_staged(d); /* a chunk staged behind this send may land now */
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+static void *ack_reader(void *arg) {
+    void **a = arg;
+    dp_t *d = a[0];
+    int ci = (int)(intptr_t)a[1];
+    free(arg);
+    int fd = d->conns[ci].fd;
+    char why[ERROR_LEN];
+    for (;;) {
+        head_t h;
+        int r = read_full(fd, &h, sizeof h);
+        if (r) {
+            snprintf(why, sizeof why, r == -1 ? "the peer closed the connection" : "%s", strerror(errno));
+            pthread_mutex_lock(&d->mu);
+            conn_failed(d, &d->conns[ci], 0, why);
+            d->conns[ci].reader_done = 1;
+            wake_all(d);
+            pthread_mutex_unlock(&d->mu);
+            return NULL;
+        }
+        char reason[MAX_REASON + 1];
+        if (h.count > MAX_REASON) {
+            snprintf(reason, sizeof reason, "the peer sent a reason of %u bytes", h.count);
+            h.kind = 0;
+        } else if (read_full(fd, reason, h.count)) {
+            continue; /* its end comes next */
+        } else {
+            reason[h.count] = 0;
+        }
+        pthread_mutex_lock(&d->mu);
+        conn_t *c = &d->conns[ci];
+        if (h.kind == ACK) {
+            c->acks_due--;
+            if (!h.flag) conn_failed(d, c, 1, reason);
+            pthread_cond_broadcast(&d->cv_done);
+        } else {
+            conn_failed(d, c, h.kind == REFUSE, reason);
+            c->reader_done = 1;
+            pthread_mutex_unlock(&d->mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&d->mu);
+    }
+}
+
+/* -- receiving ---------------------------------------------------------------------------- */
+/* the receive range an incoming chunk continues (caller holds mu): -1 if none. A chunk
+ * continues its transfer where the applied part and the chunks staged after it end. */
+static int find(dp_t *d, const head_t *h) {
+    if (h->partition >= (uint32_t)d->nparts) return -1;
+    part_t *p = &d->parts[h->partition];
+    for (int i = p->first_range; i < p->first_range + p->nranges; i++) {
+        if (d->r.kind[i] || d->r.done[i] || d->r.step[i] != (int32_t)h->step || d->r.peer[i] != (int32_t)h->src)
+            continue;
+        int64_t next = d->r.lo[i];
+        for (staged_t *s = d->staged; s; s = s->next)
+            if (s->range == i) next = s->offset + s->count;
+        if (next == (int64_t)h->offset) return i;
+    }
+    return -1;
+}
+
+static int has_staged(dp_t *d, int range, int serve) {
+    for (staged_t *s = d->staged; s; s = s->next)
+        if (s->range == range || (range < 0 && s->serve == serve)) return 1;
+    return 0;
+}
+
+/* Serve one incoming connection (its HELLO read) until it ends: 0 when it closed, 1 when
+ * this side refused it (the reason sent to the peer in a REFUSE, and in `why`). */
+int dp_serve(dp_t *d, int fd, char *why, int why_len) {
+    pthread_mutex_lock(&d->mu);
+    int me = d->nserve++;
+    d->staged_bytes = realloc(d->staged_bytes, d->nserve * sizeof(int64_t));
+    d->staged_bytes[me] = 0;
+    d->serving++;
+    pthread_mutex_unlock(&d->mu);
+    float *scratch = malloc(d->chunk * 4);
+    char err[ERROR_LEN] = "";
+    for (;;) {
+        head_t h;
+        if (read_full(fd, &h, sizeof h)) break;
+        if (h.kind == END) {
+            pthread_mutex_lock(&d->mu);
+            while (!d->closed && has_staged(d, -1, me)) pthread_cond_wait(&d->cv_serve, &d->mu);
+            pthread_mutex_unlock(&d->mu);
+            head_t a = {.kind = ACK, .flag = 1, .partition = h.partition};
+            struct iovec v = {&a, sizeof a};
+            if (write_full(fd, &v, 1)) break;
+            continue;
+        }
+        if (h.kind != CHUNK) {
+            snprintf(err, sizeof err, "ValueError: unexpected frame kind %u", h.kind);
+            break;
+        }
+        if (h.count == 0 || h.count > d->chunk) {
+            snprintf(err, sizeof err, "ValueError: a chunk of %u elements (chunks here carry 1 to %ld)", h.count,
+                     (long)d->chunk);
+            break;
+        }
+        pthread_mutex_lock(&d->mu);
+        int i = -1;
+        while (!err[0]) {
+            if (d->closed) {
+                snprintf(err, sizeof err, "ConnectionAbortedError: the run was reconfigured");
+            } else if ((int64_t)h.iteration < d->iteration) {
+                snprintf(err, sizeof err, "ValueError: chunk for finished iteration %u", h.iteration);
+            } else if ((int64_t)h.iteration > d->iteration || !d->running) {
+                pthread_cond_wait(&d->cv_serve, &d->mu); /* the next iteration's: once this rank enters it */
+                continue;
+            } else if ((i = find(d, &h)) < 0) {
+                snprintf(err, sizeof err,
+                         "ValueError: unexpected chunk: step %u, partition %u, [%lu, +%u) from rank %u", h.step,
+                         h.partition, (unsigned long)h.offset, h.count, h.src);
+            } else if ((int64_t)h.offset + h.count > d->r.hi[i]) {
+                snprintf(err, sizeof err, "ValueError: chunk [%lu, +%u) from rank %u overruns its transfer",
+                         (unsigned long)h.offset, h.count, h.src);
+            }
+            break;
+        }
+        if (err[0]) {
+            pthread_mutex_unlock(&d->mu);
+            break;
+        }
+        int64_t size = (int64_t)h.count * 4;
+        if (!has_staged(d, i, me) && clear_to_apply(d, h.partition, h.step, h.offset, h.offset + h.count)) {
+            pthread_mutex_unlock(&d->mu);
+            float *into = h.flag ? d->buffer + h.offset : scratch;
+            if (read_full(fd, into, size)) break;
+            if (!h.flag) apply(d, h.offset, scratch, h.count, 0);
+            pthread_mutex_lock(&d->mu);
+            advance(d, i, h.count);
+            if (d->staged) land_staged(d);
+            pthread_mutex_unlock(&d->mu);
+            continue;
+        }
+        /* not yet: staged, and applied by whichever thread makes it clear */
+        while (!d->closed && d->staged_bytes[me] && d->staged_bytes[me] + size > d->stage_bytes)
+            pthread_cond_wait(&d->cv_serve, &d->mu);
+        d->staged_bytes[me] += size;
+        pthread_mutex_unlock(&d->mu);
+        staged_t *s = malloc(sizeof(staged_t) + size);
+        s->next = NULL;
+        s->range = i;
+        s->serve = me;
+        s->offset = h.offset;
+        s->count = h.count;
+        s->copy = h.flag;
+        if (read_full(fd, s->data, size)) {
+            free(s);
+            pthread_mutex_lock(&d->mu);
+            d->staged_bytes[me] -= size;
+            pthread_mutex_unlock(&d->mu);
+            break;
+        }
+        pthread_mutex_lock(&d->mu);
+        staged_t **at = &d->staged;
+        while (*at) at = &(*at)->next;
+        *at = s;
+        land_staged(d);
+        pthread_mutex_unlock(&d->mu);
+    }
+    free(scratch);
+    int refused = 0;
+    if (err[0]) {
+        refused = 1;
+        size_t len = strlen(err);
+        head_t r = {.kind = REFUSE, .count = (uint32_t)len};
+        struct iovec v[2] = {{&r, sizeof r}, {err, len}};
+        write_full(fd, v, 2);
+        snprintf(why, why_len, "%s", err);
+    }
+    pthread_mutex_lock(&d->mu);
+    /* what it staged and never applied goes: its connection is over */
+    for (staged_t **at = &d->staged; *at;) {
+        staged_t *s = *at;
+        if (s->serve == me) {
+            *at = s->next;
+            free(s);
+        } else {
+            at = &s->next;
+        }
+    }
+    d->staged_bytes[me] = 0;
+    d->serving--;
+    wake_all(d);
+    pthread_mutex_unlock(&d->mu);
+    return refused;
+}
+
+/* -- the engine --------------------------------------------------------------------------- */
+dp_t *dp_new(int32_t rank, float *buffer, int64_t elements, int64_t chunk, int64_t stage_bytes, int64_t credit,
+             double link_rate, double slack, int max_conns, double *progressed, int64_t *moved) {
+    dp_t *d = calloc(1, sizeof *d);
+    d->rank = rank;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->apply_mu, NULL);
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->cv, &a);
+    pthread_cond_init(&d->cv_done, &a);
+    pthread_cond_init(&d->cv_serve, &a);
+    d->buffer = buffer;
+    d->elements = elements;
+    d->chunk = chunk;
+    d->stage_bytes = stage_bytes;
+    d->credit = credit;
+    d->link_rate = link_rate;
+    d->slack = slack;
+    d->max_conns = max_conns;
+    d->conns = calloc(max_conns ? max_conns : 1, sizeof(conn_t));
+    d->iteration = -1;
+    d->progressed = progressed;
+    d->moved = moved;
+    return d;
+}
+
+static void *start_thread(void *(*fn)(void *), dp_t *d, int c, pthread_t *t) {
+    void **a = malloc(2 * sizeof(void *));
+    a[0] = d;
+    a[1] = (void *)(intptr_t)c;
+    pthread_create(t, NULL, fn, a);
+    return NULL;
+}
+
+/* A connected socket (its HELLO sent) to peer `rank`: its index, or -1 when full. */
+int dp_connection(dp_t *d, int fd, int rank) {
+    pthread_mutex_lock(&d->mu);
+    if (d->nconns >= d->max_conns) {
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    int c = d->nconns++;
+    conn_t *k = &d->conns[c];
+    k->fd = fd;
+    k->rank = rank;
+    k->threads = 1;
+    start_thread(writer, d, c, &k->writer);
+    start_thread(ack_reader, d, c, &k->reader);
+    pthread_mutex_unlock(&d->mu);
+    return c;
+}
+
+/* The ranges of every iteration (arrays kept by the caller) and the partitions: ranges of
+ * partition p are [first[p], first[p] + count[p]), its sends' step_index run 0..steps[p]-1;
+ * partitions start in `order`. */
+void dp_plan(dp_t *d, int nranges, int32_t *part, int32_t *step, int32_t *peer, int32_t *kind, int64_t *lo,
+             int64_t *hi, int64_t *start, int32_t *conn, int32_t *order, int32_t *copy, int32_t *done,
+             int32_t *step_index, double *share, double *begun, double *first, double *last, int nparts,
+             int32_t *part_first, int32_t *part_count, int32_t *part_steps, int64_t *part_cost,
+             int32_t *start_order) {
+    pthread_mutex_lock(&d->mu);
+    d->r = (ranges_t){part, step, peer, kind, lo, hi, start, conn, order, copy, done, step_index,
+                      share, begun, first, last};
+    d->nranges = nranges;
+    free(d->parts);
+    d->parts = calloc(nparts ? nparts : 1, sizeof(part_t));
+    d->nparts = nparts;
+    for (int p = 0; p < nparts; p++) {
+        d->parts[p].first_range = part_first[p];
+        d->parts[p].nranges = part_count[p];
+        d->parts[p].nsteps = part_steps[p];
+        d->parts[p].cost = part_cost[p];
+    }
+    d->start_order = start_order;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* a dead connection the iteration still needs (caller holds mu) */
+static int needed(dp_t *d, int c) {
+    conn_t *k = &d->conns[c];
+    if (k->acks_due > 0 || k->nends) return 1;
+    for (int i = 0; i < d->nranges; i++)
+        if (d->r.kind[i] == 1 && d->r.conn[i] == c && !d->r.done[i]) return 1;
+    return 0;
+}
+
+static int finished(dp_t *d) {
+    for (int p = 0; p < d->nparts; p++)
+        if (!d->parts[p].done) return 0;
+    for (int c = 0; c < d->nconns; c++)
+        if (d->conns[c].acks_due > 0 || d->conns[c].nends) return 0;
+    return 1;
+}
+
+/* One allreduce: 0 once every range has moved and every END is acknowledged; 1 on an error
+ * (dp_error says which); 2 when cancelled or closed. */
+int dp_iterate(dp_t *d, int64_t iteration) {
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < d->nranges; i++) {
+        d->r.lo[i] = d->r.start[i];
+        d->r.done[i] = d->r.lo[i] >= d->r.hi[i];
+        d->r.begun[i] = d->r.first[i] = d->r.last[i] = 0;
+    }
+    for (int p = 0; p < d->nparts; p++) {
+        part_t *q = &d->parts[p];
+        q->cur = q->started = q->written = q->done = 0;
+    }
+    d->next_start = 0;
+    d->in_flight = 0;
+    d->error[0] = 0;
+    d->cancelled = 0;
+    d->iteration = iteration;
+    d->running = 1;
+    *d->progressed = now_mono();
+    start_partitions(d);
+    wake_all(d);
+    int result = 0;
+    double dead_since = 0;
+    for (;;) {
+        if (d->closed || d->cancelled) {
+            result = 2;
+            break;
+        }
+        if (d->error[0]) {
+            result = 1;
+            break;
+        }
+        int bad = -1, waiting = 0;
+        for (int c = 0; c < d->nconns && bad < 0; c++)
+            if (d->conns[c].dead && needed(d, c)) bad = c;
+        if (bad >= 0) {
+            conn_t *k = &d->conns[bad];
+            /* the receiver's REFUSE may still be on its way, behind the write that failed */
+            if (!k->reader_done && !k->refused) {
+                if (!dead_since) dead_since = now_mono();
+                waiting = now_mono() - dead_since < 0.2;
+            }
+            if (!waiting) {
+                fail(d, k->rank, k->refused, "%s", k->error);
+                result = 1;
+                break;
+            }
+        }
+        if (finished(d)) break;
+        if (waiting) {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            t.tv_nsec += 20 * 1000 * 1000;
+            if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&d->cv_done, &d->mu, &t);
+        } else {
+            pthread_cond_wait(&d->cv_done, &d->mu);
+        }
+    }
+    d->running = 0;
+    wake_all(d);
+    pthread_mutex_unlock(&d->mu);
+    return result;
+}
+
+void dp_cancel(dp_t *d) {
+    pthread_mutex_lock(&d->mu);
+    d->cancelled = 1;
+    wake_all(d);
+    pthread_mutex_unlock(&d->mu);
+}
+
+const char *dp_error(dp_t *d) { return d->error; }
+int dp_error_rank(dp_t *d) { return d->error_rank; }
+int dp_error_refused(dp_t *d) { return d->error_refused; }
+
+/* Stop every thread and free what they used, once no dp_serve call is inside (the caller
+ * has shut its incoming sockets down): 0; 1 if one still is after 5 s (then `d` is kept). */
+int dp_close(dp_t *d) {
+    pthread_mutex_lock(&d->mu);
+    d->closed = 1;
+    for (int c = 0; c < d->nconns; c++) shutdown(d->conns[c].fd, SHUT_RDWR);
+    wake_all(d);
+    pthread_mutex_unlock(&d->mu);
+    for (int c = 0; c < d->nconns; c++) {
+        pthread_join(d->conns[c].writer, NULL);
+        pthread_join(d->conns[c].reader, NULL);
+        close(d->conns[c].fd);
+        free(d->conns[c].ends);
+    }
+    pthread_mutex_lock(&d->mu);
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += 5;
+    while (d->serving && pthread_cond_timedwait(&d->cv_done, &d->mu, &t) == 0) {
+    }
+    int busy = d->serving > 0;
+    pthread_mutex_unlock(&d->mu);
+    if (busy) return 1;
+    while (d->staged) {
+        staged_t *s = d->staged;
+        d->staged = s->next;
+        free(s);
+    }
+    free(d->staged_bytes);
+    free(d->parts);
+    free(d->conns);
+    pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->apply_mu);
+    pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->cv_done);
+    pthread_cond_destroy(&d->cv_serve);
+    free(d);
+    return 0;
+}
+
+void dp_set_link_rate(dp_t *d, double rate) {
+    pthread_mutex_lock(&d->mu);
+    d->link_rate = rate;
+    for (int c = 0; c < d->nconns; c++) d->conns[c].pace_dirty = 1;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ACKs connection `c` still waits for (for a stall report) */
+int dp_acks_due(dp_t *d, int c) {
+    pthread_mutex_lock(&d->mu);
+    int due = c < d->nconns ? d->conns[c].acks_due : 0;
+    pthread_mutex_unlock(&d->mu);
+    return due;
+}

@@ -1,0 +1,274 @@
+"""A rank's allreduce over the tcp transport with every chunk moved by dataplane.c.
+
+Why: on the Python path each chunk cost the event loop and a reading thread ~0.4 ms of
+interpreter between them, and the agents' CPU per byte stayed at ~2 × the kernel's
+(bench/agent_dataplane.py, issue 28). Here Python describes the iteration once (the
+ranges of every partition, as arrays dataplane.c reads and moves on) and waits for it; the
+rules are agent/engine.py's, the frames and connections agent/transports/tcp.py's, so a
+Python peer and a native one speak the same wire. Stall reports, traces and counters are
+read from the same arrays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+from orchestrator.agent.engine import Engine
+from orchestrator.agent.native import library
+from orchestrator.agent.pacing import SLACK
+from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent.transports import tcp
+
+REASON_BYTES = tcp.MAX_REASON + 1
+_INT32 = ("part", "step", "peer", "kind", "conn", "order", "copy", "done", "step_index")
+_INT64 = ("lo", "hi", "start")
+_FLOAT = ("share", "begun", "first", "last")
+
+
+class NativeEngine(Engine):
+    """Engine's interface (connect, allreduce, replan, pending, close) over dataplane.c; the
+    tcp listener hands it each incoming connection (`serve`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lib = library()
+        self.targets = sorted({self._target(s) for p in self.plans for st in p.steps for s in st.sends if s.count})
+        self.progress = np.zeros(1, dtype=np.float64)  # CLOCK_MONOTONIC of the last chunk moved
+        self.moved = np.zeros(2, dtype=np.int64)
+        self.dp = self.lib.dp_new(self.rank, self.buffer.ctypes.data, len(self.buffer), self.chunk_elements,
+                                  tcp.STAGE_BYTES, self.credit_bytes, float(self.pacer.link_rate), SLACK,
+                                  max(1, len(self.targets)), self.progress.ctypes.data, self.moved.ctypes.data)
+        self.registered = False
+        self.running = False
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dataplane")
+        self.guard = threading.Condition()  # `serving` calls inside dp_serve; none once closed
+        self.serving = 0
+        self._layout()
+
+    # -- the iteration as arrays ----------------------------------------------------------
+    def _layout(self) -> None:
+        rows: list[tuple] = []
+        nics: list[int] = []
+        conn = {target: i for i, target in enumerate(self.targets)}
+        count = 1 + max((p.index for p in self.plans), default=-1)
+        first, size, steps, cost = (np.zeros(count, np.int32), np.zeros(count, np.int32),
+                                    np.zeros(count, np.int32), np.zeros(count, np.int64))
+        for plan in sorted(self.plans, key=lambda p: p.index):
+            first[plan.index] = len(rows)
+            seen = set()
+            for k, step in enumerate(plan.steps):
+                for r in step.recvs:
+                    if r.count:
+                        if (step.step, r.src, r.offset) in seen:
+                            raise ValueError(f"plan receives twice from rank {r.src} at {r.offset} in step {step.step}")
+                        seen.add((step.step, r.src, r.offset))
+                        rows.append((plan.index, step.step, r.src, 0, r.offset, r.offset + r.count, -1, 0, 0, k, 1.0))
+                        nics.append(-1)
+                for i, x in enumerate(step.sends):
+                    if x.count:
+                        rows.append((plan.index, step.step, x.dst, 1, x.offset, x.offset + x.count,
+                                     conn[self._target(x)], i, int(x.copy), k, x.share))
+                        nics.append(x.nic)
+            size[plan.index] = len(rows) - first[plan.index]
+            steps[plan.index] = len(plan.steps)
+            cost[plan.index] = plan.length * self.buffer.itemsize
+        columns = list(zip(*rows)) if rows else [()] * 11
+        names = ("part", "step", "peer", "kind", "lo", "hi", "conn", "order", "copy", "step_index", "share")
+        a = {name: np.array(column, dtype=np.float64 if name == "share" else np.int64 if name in _INT64 else np.int32)
+             for name, column in zip(names, columns)}
+        a["start"] = a["lo"].copy()
+        a["done"] = np.zeros(len(rows), np.int32)
+        for name in ("begun", "first", "last"):
+            a[name] = np.zeros(len(rows), np.float64)
+        self.a = a
+        self.counted = np.zeros(len(rows), np.int64)
+        self.nics = np.array(nics, dtype=np.int32)
+        present = {p.index: p for p in self.plans}
+        self.start_order = np.array(sorted(range(count), key=lambda i: (present[i].priority, i) if i in present
+                                           else (-2**62, i)), dtype=np.int32)
+        self.parts = (first, size, steps, cost)
+        ptr = lambda x: x.ctypes.data  # noqa: E731
+        order = ("part", "step", "peer", "kind", "lo", "hi", "start", "conn", "order", "copy", "done", "step_index",
+                 "share", "begun", "first", "last")
+        self.lib.dp_plan(self.dp, len(rows), *(ptr(a[name]) for name in order), count,
+                         *(ptr(x) for x in self.parts), ptr(self.start_order))
+
+    def replan(self, plans, link_rate: float) -> None:
+        super().replan(plans, link_rate)
+        shares = [x.share for plan in sorted(self.plans, key=lambda p: p.index) for step in plan.steps
+                  for x in step.sends if x.count]
+        self.a["share"][self.a["kind"] == 1] = shares
+        self.lib.dp_set_link_rate(self.dp, float(link_rate))
+
+    # -- connections --------------------------------------------------------------------
+    async def connect(self, timeout: float = 10.0) -> None:
+        await self.sender.connect(set(self.targets), timeout)
+        self._register()
+
+    def _register(self) -> None:
+        """Hand every outgoing connection to dataplane.c, once all are open (its indices
+        are the order of `targets`); the event loop stops reading them."""
+        if self.registered or not all(self.sender.connected(t) for t in self.targets):
+            return
+        loop = asyncio.get_running_loop()
+        for index, target in enumerate(self.targets):
+            sock = self.sender.connections[target].sock
+            loop.remove_reader(sock.fileno())
+            sock.setblocking(True)
+            rank = self._rank_of(target)
+            if self.lib.dp_connection(self.dp, sock.dup().detach(), rank) != index:
+                raise RuntimeError("dataplane: connections registered out of order")
+        self.registered = True
+
+    def _rank_of(self, target: str) -> int:
+        for plan in self.plans:
+            for step in plan.steps:
+                for send in step.sends:
+                    if send.count and self._target(send) == target:
+                        return send.dst
+        return -1
+
+    async def _opened(self) -> None:
+        if self.registered:
+            return
+        missing = [t for t in self.targets if not self.sender.connected(t)]
+        await self.sender.connect(set(missing), tcp.OPEN_WAIT)
+        for target in missing:
+            if not self.sender.connected(target):
+                rank = self._rank_of(target)
+                error = self.sender.connections[target].error if target in self.sender.connections else ""
+                raise RuntimeError(f"sending to rank {rank} ({self._node(rank)}): "
+                                   f"{error or f'not connected to {target} after {tcp.OPEN_WAIT:g} s'}")
+        self._register()
+
+    # -- one allreduce --------------------------------------------------------------------
+    async def allreduce(self, iteration: int) -> None:
+        await self._opened()
+        self.iteration = iteration
+        self.progressed_at = time.monotonic()
+        self.counted[:] = 0  # dp_iterate starts every range over
+        self.progress[0] = time.monotonic()  # (CLOCK_MONOTONIC, as dataplane.c's)
+        self.running = True
+        future = asyncio.get_running_loop().run_in_executor(self.pool, self.lib.dp_iterate, self.dp, iteration)
+        try:
+            result = await asyncio.shield(future)
+        except BaseException:
+            self.lib.dp_cancel(self.dp)
+            await asyncio.wait([future])
+            raise
+        finally:
+            self.running = False
+            self.progressed_at = None
+            self._count()
+        if result == 1:
+            reason = self.lib.dp_error(self.dp).decode("utf-8", "replace")
+            rank = self.lib.dp_error_rank(self.dp)
+            raise RuntimeError(f"sending to rank {rank} ({self._node(rank)}): {reason}")
+        if result == 2:
+            raise ConnectionAbortedError("the run was reconfigured")
+        if self.spans is not None:
+            self._trace(iteration)
+
+    def _count(self) -> None:
+        """Bytes moved since the last count: into the totals and the counters (per peer, and
+        per NIC for sends)."""
+        a = self.a
+        moved = a["lo"] - a["start"]
+        fresh = (moved - self.counted) * self.buffer.itemsize
+        self.counted = moved
+        self.sent += int(fresh[a["kind"] == 1].sum())
+        self.received += int(fresh[a["kind"] == 0].sum())
+        moving = np.nonzero(fresh)[0]
+        if not len(moving):
+            return
+        # one counter update per (peer, NIC, direction), not per range: a plan holds up to
+        # registry.MAX_TRANSFERS of them
+        keys = np.stack([a["peer"][moving], self.nics[moving], a["kind"][moving]], axis=1)
+        groups, which = np.unique(keys, axis=0, return_inverse=True)
+        sums = np.bincount(which.ravel(), weights=fresh[moving], minlength=len(groups))
+        for (peer, nic, kind), size in zip(groups.tolist(), sums.tolist()):
+            if kind:
+                self.counters(self._node(peer), int(size), 0, nic)
+            else:
+                self.counters(self._node(peer), 0, int(size))
+
+    def _trace(self, iteration: int) -> None:
+        a = self.a
+        for i in range(len(a["lo"])):
+            send = bool(a["kind"][i])
+            first, last = float(a["first"][i]), float(a["last"][i])
+            self.spans.append(pb.TransferSpan(
+                iteration=iteration, partition=int(a["part"][i]), step=int(a["step"][i]), peer=int(a["peer"][i]),
+                send=send, offset=int(a["start"][i]), count=int(a["hi"][i] - a["start"][i]),
+                begun=float(a["begun"][i]) if send else first, first=first, last=last))
+
+    # -- receiving (the tcp listener's reading threads) -------------------------------------
+    def serve(self, sock, rank: int) -> None:
+        """Serve one incoming connection of this run until it ends (on the calling thread)."""
+        with self.guard:
+            if self.closed:
+                return
+            self.serving += 1
+        try:
+            why = ctypes.create_string_buffer(REASON_BYTES)
+            self.lib.dp_serve(self.dp, sock.fileno(), why, REASON_BYTES)
+        finally:
+            with self.guard:
+                self.serving -= 1
+                self.guard.notify_all()
+
+    # -- what a stalled rank waits for (Status) --------------------------------------------
+    def stalled_seconds(self) -> float:
+        return time.monotonic() - float(self.progress[0]) if self.running else 0.0
+
+    def pending(self, limit: int = 64) -> list[pb.Pending]:
+        """The transfers not yet done, earliest steps first, as Engine.pending reports them;
+        `ready` (whether this rank could move its next chunk now) for those reported."""
+        if not self.running:
+            return []
+        a = self.a
+        left = np.nonzero(a["lo"] < a["hi"])[0]
+        if not len(left):
+            return [pb.Pending(kind="ack", peer=self._rank_of(t), ready=True)
+                    for c, t in enumerate(self.targets) if self.registered and self.lib.dp_acks_due(self.dp, c) > 0]
+        order = np.lexsort((a["peer"][left], a["kind"][left], a["step"][left]))  # receives (0) before sends
+        first, size = self.parts[0], self.parts[1]
+        found = []
+        for i in left[order[:limit]].tolist():
+            part, step, lo, hi = int(a["part"][i]), int(a["step"][i]), int(a["lo"][i]), int(a["hi"][i])
+            send = bool(a["kind"][i])
+            end = min(hi, lo + self.chunk_elements)
+            rows = slice(int(first[part]), int(first[part] + size[part]))
+            kinds = a["kind"][rows] == 0 if send else np.ones(rows.stop - rows.start, bool)
+            other_lo, other_hi = a["lo"][rows], a["hi"][rows]
+            blocked = kinds & (a["step"][rows] < step) & (other_lo < other_hi) & (other_lo < end) & (lo < other_hi)
+            found.append(pb.Pending(kind="send" if send else "receive", peer=int(a["peer"][i]), step=step,
+                                    partition=part, offset=int(a["start"][i]), end=hi, done=lo,
+                                    ready=not blocked.any()))
+        return found
+
+    async def close(self) -> None:
+        with self.guard:
+            self.closed = True
+        for sock in list(self.inbound):  # their dp_serve calls return
+            try:
+                sock.shutdown(2)
+            except OSError:
+                pass
+        await self.sender.close()  # (its sockets: dataplane.c has its own descriptors)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._free)
+        self.pool.shutdown(wait=False)
+
+    def _free(self) -> None:
+        with self.guard:
+            self.guard.wait_for(lambda: self.serving == 0, timeout=5)
+            busy = self.serving
+        if self.dp and not busy and self.lib.dp_close(self.dp) == 0:
+            self.dp = None

@@ -1,0 +1,293 @@
+"""The tcp transport's native data path (agent/native): ranks in one process, real TCP on
+loopback, every chunk moved by dataplane.c. What the agents tier runs across processes
+(tests/agents), here with the peers' frames under the test's control: wire compatibility with
+the Python path, hostile frames refused in one line, staging, credit, tracing, stall reports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from orchestrator.agent import native
+from orchestrator.agent import plan as plan_format
+from orchestrator.agent.engine import Engine
+from orchestrator.agent.transports import tcp
+from orchestrator.collectives import registry
+from orchestrator.collectives.context import Context
+from orchestrator.collectives.partition import partitions
+
+if not native.available():  # setup.sh builds it; a checkout without a compiler cannot
+    pytest.skip(f"the native data path is not built ({native.LIBRARY.name}): run ./setup.sh", allow_module_level=True)
+
+from orchestrator.agent.native.engine import NativeEngine  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(rank: int, workers: int, size: int) -> np.ndarray:
+    return ((rank + 1) * (np.arange(size) % 1000 + 1)).astype(np.float32) if rank < workers else np.zeros(size, np.float32)
+
+
+def _plans(algorithm: str, ctx: Context, size: int, part_bytes=None):
+    schedules = registry.schedules(algorithm, ctx, size, partitions([size], part_bytes))
+    ranks = max(max(t.dst, t.src) for _, s in schedules for _, t in s.transfers()) + 1
+    return [plan_format.parse(p) for p in plan_format.build_rank_plans(schedules, ranks)]
+
+
+async def _allreduce(algorithm: str, ctx: Context, size: int, *, python_ranks=(), part_bytes=None, credit=0,
+                     chunk_bytes=256, iterations=2, trace=False):
+    """Run `algorithm` over its ranks in this process, each rank's gradient `_start`; ranks
+    in `python_ranks` on Engine (the Python path), the others on NativeEngine. Returns
+    (the workers' buffers after the last iteration, the engines)."""
+    plans = _plans(algorithm, ctx, size, part_bytes)
+    ranks = len(plans)
+    ports = [_free_port() for _ in range(ranks)]
+    peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+             for r in range(ranks)}
+    engines = [(Engine if r in python_ranks else NativeEngine)(
+        "run", r, plans[r], _start(r, ctx.workers, size), peers, chunk_bytes, credit, lambda *_: None,
+        transport="tcp", trace=trace) for r in range(ranks)]
+    listeners = []
+    for r in range(ranks):
+        async def engine_for(run_id, r=r):
+            return engines[r]
+        listener = tcp.TcpListener(f"127.0.0.1:{ports[r]}", engine_for)
+        await listener.start()
+        listeners.append(listener)
+    try:
+        await asyncio.gather(*(e.connect() for e in engines))
+        for iteration in range(iterations):
+            for r, e in enumerate(engines):
+                e.buffer[:] = _start(r, ctx.workers, size)
+            await asyncio.wait_for(asyncio.gather(*(e.allreduce(iteration) for e in engines)), 30)
+        return [e.buffer.copy() for e in engines[:ctx.workers]], engines
+    finally:
+        for e in engines:
+            await e.close()
+        for listener in listeners:
+            listener.close()
+
+
+def _expected(workers: int, size: int) -> np.ndarray:
+    return sum(_start(r, workers, size) for r in range(workers))
+
+
+CASES = [("ring", Context(5)), ("mesh", Context(4)), ("tree", Context(5)), ("double-tree", Context(6)),
+         ("halving-doubling", Context(5)), ("ps", Context(4, options={"shards": 2})),
+         ("hierarchical", Context(6, options={"group": 3})), ("flextree", Context(6))]
+
+
+@pytest.mark.parametrize("algorithm,ctx", CASES, ids=[c[0] for c in CASES])
+def test_every_algorithm_sums_exactly_with_every_chunk_moved_natively(algorithm, ctx):
+    size = 1001  # odd: ranges of unequal length, a last chunk shorter than the rest
+    buffers, engines = asyncio.run(_allreduce(algorithm, ctx, size))
+    for buffer in buffers:
+        np.testing.assert_array_equal(buffer, _expected(ctx.workers, size))
+    assert all(isinstance(e, NativeEngine) for e in engines)
+    assert sum(e.sent for e in engines) == sum(e.received for e in engines) > 0
+
+
+@pytest.mark.parametrize("python_ranks", [{0, 3}, set(range(5))], ids=["mixed", "python"])
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "halving-doubling"])
+def test_native_and_python_ranks_speak_the_same_wire(algorithm, python_ranks):
+    """Ranks without the library (the Python path, its fallback) beside ranks with it."""
+    ctx = Context(5)
+    buffers, engines = asyncio.run(_allreduce(algorithm, ctx, 777, python_ranks=python_ranks))
+    for buffer in buffers:
+        np.testing.assert_array_equal(buffer, _expected(5, 777))
+    assert {r for r, e in enumerate(engines) if type(e) is Engine} == python_ranks
+
+
+def test_partitions_start_by_priority_within_the_credit():
+    ctx = Context(4)
+    buffers, _ = asyncio.run(_allreduce("ring", ctx, 4000, part_bytes=2000, credit=4000))
+    for buffer in buffers:
+        np.testing.assert_array_equal(buffer, _expected(4, 4000))
+
+
+def test_a_traced_run_records_every_transfer_at_both_ends():
+    ctx = Context(3)
+    _, engines = asyncio.run(_allreduce("ring", ctx, 300, iterations=1, trace=True))
+    sends = sorted((s.partition, s.step, e.rank, s.peer, s.offset, s.count) for e in engines for s in e.spans if s.send)
+    receives = sorted((s.partition, s.step, s.peer, e.rank, s.offset, s.count) for e in engines for s in e.spans
+                      if not s.send)
+    assert sends == receives and len(sends) == 2 * 2 * 3  # 2(n-1) steps × n ranks
+    assert all(s.begun <= s.first <= s.last for e in engines for s in e.spans)
+
+
+class _LoneRank:
+    """Rank 0 of a 2-rank ring on NativeEngine; rank 1 is this test: its frames are written
+    by hand into `peer`, and what rank 0 sends it is accepted and read off."""
+
+    SIZE, CHUNK = 64, 16  # elements
+
+    async def __aenter__(self):
+        plans = _plans("ring", Context(2), self.SIZE)
+        ports = [_free_port(), _free_port()]
+        peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+                 for r in range(2)}
+        self.engine = NativeEngine("run", 0, plans[0], np.ones(self.SIZE, np.float32), peers, self.CHUNK * 4, 0,
+                                   lambda *_: None, transport="tcp")
+
+        async def engine_for(run_id):
+            return self.engine
+        self.listener = tcp.TcpListener(f"127.0.0.1:{ports[0]}", engine_for)
+        await self.listener.start()
+        self.sink = socket.create_server(("127.0.0.1", ports[1]))  # rank 1's tcp listener
+        self.sink.setblocking(False)
+        loop = asyncio.get_running_loop()
+        accepting = loop.sock_accept(self.sink)
+        await self.engine.connect()
+        self.incoming, _ = await accepting
+        self.peer = socket.create_connection(("127.0.0.1", ports[0]))
+        self.peer.sendall(tcp._frame(tcp.HELLO, src=1, count=3) + b"run")
+        return self
+
+    async def __aexit__(self, *_):
+        await self.engine.close()
+        self.listener.close()
+        for s in (self.peer, self.incoming, self.sink):
+            s.close()
+
+    def refusal(self) -> str:
+        """The REFUSE rank 0 answers with (it then closes the connection)."""
+        self.peer.settimeout(10)
+        head = self.peer.recv(tcp.HEAD.size, socket.MSG_WAITALL)
+        kind, *_, count = tcp.HEAD.unpack(head)
+        assert kind == tcp.REFUSE
+        reason = self.peer.recv(count, socket.MSG_WAITALL).decode()
+        try:  # and closed (reset, when what this test wrote was not all read)
+            assert self.peer.recv(1) == b""
+        except ConnectionResetError:
+            pass
+        return reason
+
+
+def _chunk(count: int, *, iteration=0, partition=0, step=0, offset=0, kind=tcp.CHUNK) -> bytes:
+    return struct.pack("<BBHIIIIQI", kind, 0, 0, iteration, partition, step, 1, offset, count) + \
+        np.ones(max(count, 0), np.float32).tobytes()
+
+
+HOSTILE = {
+    "kind": (_chunk(0, kind=9), "ValueError: unexpected frame kind 9"),
+    "too-long": (_chunk(17), "ValueError: a chunk of 17 elements (chunks here carry 1 to 16)"),
+    "empty": (_chunk(0), "ValueError: a chunk of 0 elements (chunks here carry 1 to 16)"),
+    "partition": (_chunk(4, partition=7), "ValueError: unexpected chunk: step 0, partition 7, [0, +4) from rank 1"),
+    "offset": (_chunk(4, offset=3), "ValueError: unexpected chunk: step 0, partition 0, [3, +4) from rank 1"),
+    "step": (_chunk(4, step=5), "ValueError: unexpected chunk: step 5, partition 0, [0, +4) from rank 1"),
+    "iteration": (_chunk(4, iteration=2**32 - 1), None),  # a later one: waits, nothing refused
+}
+
+
+@pytest.mark.parametrize("frame,reason", HOSTILE.values(), ids=HOSTILE)
+def test_a_hostile_frame_is_refused_in_one_line_and_the_rank_lives_on(frame, reason):
+    async def run():
+        async with _LoneRank() as lone:
+            running = asyncio.ensure_future(lone.engine.allreduce(0))
+            await asyncio.sleep(0)
+            lone.peer.sendall(frame)
+            if reason is None:
+                lone.peer.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    lone.peer.recv(1)
+                refused = None
+            else:
+                refused = await asyncio.get_running_loop().run_in_executor(None, lone.refusal)
+            assert not running.done()  # refusing a connection does not end the rank's run
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            return refused
+
+    assert asyncio.run(run()) == reason
+
+
+def test_a_chunk_past_the_end_of_its_transfer_is_refused_after_those_before_it_landed():
+    async def run():
+        async with _LoneRank() as lone:
+            running = asyncio.ensure_future(lone.engine.allreduce(0))
+            receive = lone.engine.plans[0].steps[0].recvs[0]
+            assert receive.count == 32
+            o = receive.offset
+            lone.peer.sendall(_chunk(16, offset=o) + _chunk(8, offset=o + 16) + _chunk(16, offset=o + 24))
+            refused = await asyncio.get_running_loop().run_in_executor(None, lone.refusal)
+            landed = lone.engine.buffer[o:o + 24].copy()
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            return refused, o, landed
+
+    refused, o, landed = asyncio.run(run())
+    assert refused == f"ValueError: chunk [{o + 24}, +16) from rank 1 overruns its transfer"
+    np.testing.assert_array_equal(landed, 2.0)  # 1 + 1: the two chunks before it were added in
+
+
+def test_a_silent_peer_is_reported_pending_and_a_closed_one_named():
+    async def run():
+        async with _LoneRank() as lone:
+            engine = lone.engine
+            running = asyncio.ensure_future(engine.allreduce(0))
+            for _ in range(200):  # rank 0's first send goes out at once; its receive waits on us
+                await asyncio.sleep(0.01)
+                if any(p.kind == "receive" for p in engine.pending()):
+                    break
+            pending = engine.pending()
+            receive = next(p for p in pending if p.kind == "receive")
+            assert receive.peer == 1 and receive.step == 0 and receive.ready and receive.done == receive.offset
+            assert engine.stalled_seconds() > 0
+            lone.incoming.close()  # rank 1 goes away: rank 0's sends to it fail
+            lone.peer.close()
+            with pytest.raises(RuntimeError, match=r"^sending to rank 1 \(h1\): "):
+                await asyncio.wait_for(running, 30)
+            assert engine.stalled_seconds() == 0 and engine.pending() == []
+
+    asyncio.run(run())
+
+
+def test_a_chunk_that_may_not_land_yet_is_staged_then_applied_in_order():
+    """Rank 0 receives [0, 16) from rank 1 twice: added at step 0, copied over at step 1. The
+    step-1 chunk, sent first, must wait for the step-0 one (staged: the connection goes on
+    reading), and the END is acknowledged only once both have landed."""
+    step = lambda n, op: plan_format.Step(n, [], [plan_format.Recv(1, 0, 16)])  # noqa: E731
+    plans = [plan_format.PartitionPlan(0, 0, 16, 0, [step(0, "add"), step(1, "copy")])]
+    port = _free_port()
+    peers = {0: {"address": f"127.0.0.1:{port - tcp.PORT_OFFSET}", "by_nic": {}, "node": "h0"},
+             1: {"address": "127.0.0.1:9", "by_nic": {}, "node": "h1"}}
+
+    async def run():
+        engine = NativeEngine("run", 0, plans, np.ones(16, np.float32), peers, 64, 0, lambda *_: None,
+                              transport="tcp")
+
+        async def engine_for(run_id):
+            return engine
+        listener = tcp.TcpListener(f"127.0.0.1:{port}", engine_for)
+        await listener.start()
+        peer = socket.create_connection(("127.0.0.1", port))
+        try:
+            await engine.connect()
+            running = asyncio.ensure_future(engine.allreduce(0))
+            copy = struct.pack("<BBHIIIIQI", tcp.CHUNK, 1, 0, 0, 0, 1, 1, 0, 16) + np.full(16, 5, np.float32).tobytes()
+            add = struct.pack("<BBHIIIIQI", tcp.CHUNK, 0, 0, 0, 0, 0, 1, 0, 16) + np.full(16, 1, np.float32).tobytes()
+            peer.sendall(tcp._frame(tcp.HELLO, src=1, count=3) + b"run" + copy)
+            await asyncio.sleep(0.2)
+            assert not running.done() and engine.buffer[0] == 1  # staged, not applied
+            peer.sendall(add + tcp._frame(tcp.END, partition=0))
+            await asyncio.wait_for(running, 10)
+            peer.settimeout(10)
+            kind, flag, *_ = tcp.HEAD.unpack(peer.recv(tcp.HEAD.size, socket.MSG_WAITALL))
+            return engine.buffer.copy(), (kind, flag), engine.received
+        finally:
+            peer.close()
+            await engine.close()
+            listener.close()
+
+    buffer, ack, received = asyncio.run(run())
+    np.testing.assert_array_equal(buffer, 5.0)  # 1 + 1, then 5 copied over it
+    assert ack == (tcp.ACK, 1) and received == 2 * 64
