@@ -33,6 +33,7 @@ _SIGNATURES = {
     "dp_error_rank": (ctypes.c_int, [_P]),
     "dp_error_refused": (ctypes.c_int, [_P]),
     "dp_close": (ctypes.c_int, [_P]),
+    "dp_stop": (None, [_P]),
     "dp_set_link_rate": (None, [_P, _D]),
     "dp_acks_due": (ctypes.c_int, [_P, ctypes.c_int]),
 }

@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -73,15 +74,14 @@ typedef struct staged {
 } staged_t;
 
 typedef struct {
-    int fd, rank, dead, reader_done, next_stream;
+    int fd, rank, dead, reader_done, next_stream, turn;
     int *ends; /* stream ids whose END is due, in order */
     int nends, cap_ends, acks_due;
     int pace_dirty;
     uint64_t paced; /* the rate last set (0: never) */
     char error[ERROR_LEN];
     int refused; /* the error is the receiver's refusal (ACK with a reason, or REFUSE) */
-    pthread_t writer, reader;
-    int threads;
+    pthread_t writer;
 } conn_t;
 
 typedef struct {
@@ -110,7 +110,9 @@ typedef struct {
     conn_t *conns;
     int nconns, max_conns;
     int64_t iteration;
-    int closed, running, cancelled;
+    int closed, running, cancelled, answering, iterating;
+    int wake[2]; /* a pipe that wakes the answers thread */
+    pthread_t answers;
     char error[ERROR_LEN];
     int error_rank, error_refused;
     staged_t *staged;
@@ -344,7 +346,10 @@ static void conn_failed(dp_t *d, conn_t *c, int refused, const char *why) {
  * send range's index, or -1 */
 static int pick(dp_t *d, int c) {
     if (d->conns[c].nends) return -2;
-    for (int pi = 0; pi < d->nparts; pi++) {
+    /* partitions in turn from the one after the last written: their streams share the
+     * connection evenly, as the model shares it (and the Python path's frame lock did) */
+    for (int k = 1; k <= d->nparts; k++) {
+        int pi = (d->conns[c].turn + k) % d->nparts;
         part_t *p = &d->parts[pi];
         if (!p->started || p->written) continue;
         int best = -1;
@@ -354,7 +359,10 @@ static int pick(dp_t *d, int c) {
         }
         if (best < 0) continue;
         int64_t lo = d->r.lo[best], hi = lo + d->chunk < d->r.hi[best] ? lo + d->chunk : d->r.hi[best];
-        if (clear_to_send(d, pi, d->r.step[best], lo, hi)) return best;
+        if (clear_to_send(d, pi, d->r.step[best], lo, hi)) {
+            d->conns[c].turn = pi;
+            return best;
+        }
     }
     return -1;
 }
@@ -436,48 +444,72 @@ static void *writer(void *arg) {
     return NULL;
 }
 
-static void *ack_reader(void *arg) {
-    void **a = arg;
-    dp_t *d = a[0];
-    int ci = (int)(intptr_t)a[1];
-    free(arg);
-    int fd = d->conns[ci].fd;
+/* What connection `ci`'s receiver sent (readable now): its ACKs and REFUSE. 0 while the
+ * connection goes on, 1 once it has ended. */
+static int read_answer(dp_t *d, int ci, int fd) {
     char why[ERROR_LEN];
-    for (;;) {
-        head_t h;
-        int r = read_full(fd, &h, sizeof h);
-        if (r) {
-            snprintf(why, sizeof why, r == -1 ? "the peer closed the connection" : "%s", strerror(errno));
-            pthread_mutex_lock(&d->mu);
-            conn_failed(d, &d->conns[ci], 0, why);
-            d->conns[ci].reader_done = 1;
-            wake_all(d);
-            pthread_mutex_unlock(&d->mu);
-            return NULL;
-        }
-        char reason[MAX_REASON + 1];
-        if (h.count > MAX_REASON) {
-            snprintf(reason, sizeof reason, "the peer sent a reason of %u bytes", h.count);
-            h.kind = 0;
-        } else if (read_full(fd, reason, h.count)) {
-            continue; /* its end comes next */
-        } else {
-            reason[h.count] = 0;
-        }
-        pthread_mutex_lock(&d->mu);
-        conn_t *c = &d->conns[ci];
-        if (h.kind == ACK) {
-            c->acks_due--;
-            if (!h.flag) conn_failed(d, c, 1, reason);
-            pthread_cond_broadcast(&d->cv_done);
-        } else {
-            conn_failed(d, c, h.kind == REFUSE, reason);
-            c->reader_done = 1;
-            pthread_mutex_unlock(&d->mu);
-            return NULL;
-        }
-        pthread_mutex_unlock(&d->mu);
+    head_t h;
+    int r = read_full(fd, &h, sizeof h);
+    char reason[MAX_REASON + 1] = "";
+    if (!r && h.count > MAX_REASON) {
+        snprintf(reason, sizeof reason, "the peer sent a reason of %u bytes", h.count);
+        h.kind = 0;
+    } else if (!r) {
+        r = read_full(fd, reason, h.count);
+        reason[r ? 0 : h.count] = 0;
     }
+    pthread_mutex_lock(&d->mu);
+    conn_t *c = &d->conns[ci];
+    int ended = 1;
+    if (r) {
+        snprintf(why, sizeof why, "%s", r == -1 ? "the peer closed the connection" : strerror(errno));
+        conn_failed(d, c, 0, why);
+    } else if (h.kind == ACK) {
+        c->acks_due--;
+        if (!h.flag) conn_failed(d, c, 1, reason);
+        pthread_cond_broadcast(&d->cv_done);
+        ended = 0;
+    } else {
+        conn_failed(d, c, h.kind == REFUSE, reason);
+    }
+    if (ended) {
+        c->reader_done = 1;
+        wake_all(d);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return ended;
+}
+
+/* One thread reads every outgoing connection's answers (one ACK per stream and iteration:
+ * few), polling them; a thread each doubled the threads of a mesh's agents. */
+static void *answers(void *arg) {
+    dp_t *d = arg;
+    struct pollfd *fds = calloc(d->max_conns + 1, sizeof *fds);
+    int *which = calloc(d->max_conns + 1, sizeof *which);
+    for (;;) {
+        int n = 1;
+        fds[0] = (struct pollfd){.fd = d->wake[0], .events = POLLIN}; /* a connection added, or closing */
+        pthread_mutex_lock(&d->mu);
+        int closed = d->closed;
+        for (int c = 0; c < d->nconns; c++)
+            if (!d->conns[c].reader_done) {
+                fds[n] = (struct pollfd){.fd = d->conns[c].fd, .events = POLLIN};
+                which[n++] = c;
+            }
+        pthread_mutex_unlock(&d->mu);
+        if (closed) break;
+        if (poll(fds, n, -1) <= 0) continue;
+        if (fds[0].revents) {
+            char drain[64];
+            while (read(d->wake[0], drain, sizeof drain) > 0) {
+            }
+        }
+        for (int j = 1; j < n; j++)
+            if (fds[j].revents) read_answer(d, which[j], fds[j].fd);
+    }
+    free(fds);
+    free(which);
+    return NULL;
 }
 
 /* -- receiving ---------------------------------------------------------------------------- */
@@ -648,17 +680,18 @@ dp_t *dp_new(int32_t rank, float *buffer, int64_t elements, int64_t chunk, int64
     d->max_conns = max_conns;
     d->conns = calloc(max_conns ? max_conns : 1, sizeof(conn_t));
     d->iteration = -1;
+    if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK)) d->wake[0] = d->wake[1] = -1;
     d->progressed = progressed;
     d->moved = moved;
     return d;
 }
 
-static void *start_thread(void *(*fn)(void *), dp_t *d, int c, pthread_t *t) {
-    void **a = malloc(2 * sizeof(void *));
-    a[0] = d;
-    a[1] = (void *)(intptr_t)c;
-    pthread_create(t, NULL, fn, a);
-    return NULL;
+static void start_thread(void *(*fn)(void *), void *arg, pthread_t *t) {
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 256 * 1024); /* a mesh's agents run one per peer */
+    pthread_create(t, &a, fn, arg);
+    pthread_attr_destroy(&a);
 }
 
 /* A connected socket (its HELLO sent) to peer `rank`: its index, or -1 when full. */
@@ -672,9 +705,16 @@ int dp_connection(dp_t *d, int fd, int rank) {
     conn_t *k = &d->conns[c];
     k->fd = fd;
     k->rank = rank;
-    k->threads = 1;
-    start_thread(writer, d, c, &k->writer);
-    start_thread(ack_reader, d, c, &k->reader);
+    void **a = malloc(2 * sizeof(void *));
+    a[0] = d;
+    a[1] = (void *)(intptr_t)c;
+    start_thread(writer, a, &k->writer);
+    if (!d->answering) {
+        d->answering = 1;
+        start_thread(answers, d, &d->answers);
+    }
+    if (write(d->wake[1], "c", 1) < 0) { /* (full: it is awake anyway) */
+    }
     pthread_mutex_unlock(&d->mu);
     return c;
 }
@@ -725,6 +765,7 @@ static int finished(dp_t *d) {
  * (dp_error says which); 2 when cancelled or closed. */
 int dp_iterate(dp_t *d, int64_t iteration) {
     pthread_mutex_lock(&d->mu);
+    d->iterating = 1;
     for (int i = 0; i < d->nranges; i++) {
         d->r.lo[i] = d->r.start[i];
         d->r.done[i] = d->r.lo[i] >= d->r.hi[i];
@@ -785,6 +826,7 @@ int dp_iterate(dp_t *d, int64_t iteration) {
         }
     }
     d->running = 0;
+    d->iterating = 0;
     wake_all(d);
     pthread_mutex_unlock(&d->mu);
     return result;
@@ -801,17 +843,26 @@ const char *dp_error(dp_t *d) { return d->error; }
 int dp_error_rank(dp_t *d) { return d->error_rank; }
 int dp_error_refused(dp_t *d) { return d->error_refused; }
 
-/* Stop every thread and free what they used, once no dp_serve call is inside (the caller
- * has shut its incoming sockets down): 0; 1 if one still is after 5 s (then `d` is kept). */
-int dp_close(dp_t *d) {
+/* Wind everything up without waiting: connections shut down, every wait woken (a serving
+ * call, a chunk waiting for its iteration, dp_iterate) to find the engine closed. */
+void dp_stop(dp_t *d) {
     pthread_mutex_lock(&d->mu);
     d->closed = 1;
     for (int c = 0; c < d->nconns; c++) shutdown(d->conns[c].fd, SHUT_RDWR);
     wake_all(d);
     pthread_mutex_unlock(&d->mu);
+    if (write(d->wake[1], "x", 1) < 0) {
+    }
+}
+
+/* Stop every thread and free what they used, once no dp_serve or dp_iterate call is inside
+ * (the caller has shut its incoming sockets down): 0; 1 if one still is after 5 s (then `d`
+ * is kept, its threads gone). */
+int dp_close(dp_t *d) {
+    dp_stop(d);
+    for (int c = 0; c < d->nconns; c++) pthread_join(d->conns[c].writer, NULL);
+    if (d->answering) pthread_join(d->answers, NULL);
     for (int c = 0; c < d->nconns; c++) {
-        pthread_join(d->conns[c].writer, NULL);
-        pthread_join(d->conns[c].reader, NULL);
         close(d->conns[c].fd);
         free(d->conns[c].ends);
     }
@@ -819,9 +870,9 @@ int dp_close(dp_t *d) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     t.tv_sec += 5;
-    while (d->serving && pthread_cond_timedwait(&d->cv_done, &d->mu, &t) == 0) {
+    while ((d->serving || d->iterating) && pthread_cond_timedwait(&d->cv_done, &d->mu, &t) == 0) {
     }
-    int busy = d->serving > 0;
+    int busy = d->serving > 0 || d->iterating;
     pthread_mutex_unlock(&d->mu);
     if (busy) return 1;
     while (d->staged) {
@@ -834,6 +885,8 @@ int dp_close(dp_t *d) {
     free(d->conns);
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->apply_mu);
+    close(d->wake[0]);
+    close(d->wake[1]);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->cv_done);
     pthread_cond_destroy(&d->cv_serve);

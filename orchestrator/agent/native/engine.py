@@ -256,6 +256,8 @@ class NativeEngine(Engine):
     async def close(self) -> None:
         with self.guard:
             self.closed = True
+        if self.dp:
+            self.lib.dp_stop(self.dp)  # every thread and dp_serve call winds up (a chunk waiting too)
         for sock in list(self.inbound):  # their dp_serve calls return
             try:
                 sock.shutdown(2)
