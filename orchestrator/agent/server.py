@@ -53,6 +53,7 @@ from orchestrator.agent import workload as workloads  # noqa: E402
 from orchestrator.agent.auth import TOKEN_ENV, TokenCheck  # noqa: E402
 from orchestrator.agent import transports  # noqa: E402
 from orchestrator.agent.engine import Engine  # noqa: E402
+from orchestrator.agent.native import engine as _native  # noqa: E402,F401 - tcp's native engine
 from orchestrator.agent.transports.grpc_push import channel_options, decode_chunk  # noqa: E402
 from orchestrator.agent.metrics import Metrics  # noqa: E402
 from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402

@@ -291,3 +291,17 @@ def test_a_chunk_that_may_not_land_yet_is_staged_then_applied_in_order():
     buffer, ack, received = asyncio.run(run())
     np.testing.assert_array_equal(buffer, 5.0)  # 1 + 1, then 5 copied over it
     assert ack == (tcp.ACK, 1) and received == 2 * 64
+
+
+def test_an_agent_runs_tcp_on_the_native_engine_unless_told_not_to(monkeypatch):
+    import orchestrator.agent.server  # noqa: F401 - what the agent imports gives tcp its engine
+    from orchestrator.agent import transports
+
+    peers = {0: {"address": "127.0.0.1:1", "by_nic": {}, "node": "h0"}}
+    make = transports.get("tcp").engine
+    engine = make("run", 0, [], np.zeros(4, np.float32), peers, 64, 0, lambda *_: None, transport="tcp")
+    assert type(engine) is NativeEngine
+    asyncio.run(engine.close())
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setenv("TESTBED_NATIVE", "0")
+    assert make("run", 0, [], np.zeros(4, np.float32), peers, 64, 0, lambda *_: None, transport="tcp") is None

@@ -23,6 +23,7 @@ from orchestrator.agent.engine import Engine
 from orchestrator.agent.native import library
 from orchestrator.agent.pacing import SLACK
 from orchestrator.agent.proto import testbed_pb2 as pb
+from orchestrator.agent import transports
 from orchestrator.agent.transports import tcp
 
 REASON_BYTES = tcp.MAX_REASON + 1
@@ -274,3 +275,11 @@ class NativeEngine(Engine):
             busy = self.serving
         if self.dp and not busy and self.lib.dp_close(self.dp) == 0:
             self.dp = None
+
+
+def _engine(*args, **kwargs) -> NativeEngine | None:
+    """The tcp transport's engine: native where the library is built, else None (Python's)."""
+    return NativeEngine(*args, **kwargs) if library() is not None else None
+
+
+transports.use_engine("tcp", _engine)

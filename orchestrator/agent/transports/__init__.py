@@ -18,7 +18,7 @@ these do; the agent serves every registered transport's listener on each data ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 DEFAULT = "tcp"  # the fastest every lab supports (rdma needs a kernel with rxe)
@@ -67,6 +67,12 @@ def register(name: str, sender: Callable[..., object], port_offset: int, about: 
     (with `listener`, see Transport)."""
     TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer, listener,
                                  optional, paces_itself, wire, pick_address, engine)
+
+
+def use_engine(name: str, engine: Callable[..., object] | None) -> None:
+    """Give transport `name` an engine of its own (`engine(*Engine's arguments)` → an engine,
+    or None to leave the rank to agent/engine.py): agent/native does so for tcp."""
+    TRANSPORTS[name] = replace(get(name), engine=engine)
 
 
 def get(name: str) -> Transport:

@@ -497,15 +497,6 @@ class _Reader:
         self.staged_bytes.clear()
 
 
-def _native_engine(*args, **kwargs):
-    """The rank's engine on dataplane.c when it is built (agent/native); None: Python's."""
-    from orchestrator.agent import native
-    if not native.available():
-        return None
-    from orchestrator.agent.native.engine import NativeEngine
-    return NativeEngine(*args, **kwargs)
-
-
-register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), each chunk moved by native threads "
-         "(agent/native) outside the interpreter", send_buffer=SEND_BUFFER_BYTES, listener=TcpListener,
-         engine=_native_engine)
+# agent/native gives it an engine that moves every chunk in native threads (when built)
+register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), read straight into the gradient buffer and "
+         "written from it", send_buffer=SEND_BUFFER_BYTES, listener=TcpListener)
