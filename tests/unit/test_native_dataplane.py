@@ -305,3 +305,38 @@ def test_an_agent_runs_tcp_on_the_native_engine_unless_told_not_to(monkeypatch):
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setenv("TESTBED_NATIVE", "0")
     assert make("run", 0, [], np.zeros(4, np.float32), peers, 64, 0, lambda *_: None, transport="tcp") is None
+
+
+def test_a_peer_not_listening_leaves_the_rank_receiving_until_it_is_named(monkeypatch):
+    """Rank 1 never listens: rank 0 still enters its iteration and takes rank 1's chunks (so
+    rank 1's own sends are not the ones that stall), and names rank 1 once its connection
+    has had OPEN_WAIT to open."""
+    monkeypatch.setattr(tcp, "OPEN_WAIT", 0.5)
+    plans = _plans("ring", Context(2), 64)
+    ports = [_free_port(), _free_port()]
+    peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+             for r in range(2)}
+
+    async def run():
+        engine = NativeEngine("run", 0, plans[0], np.ones(64, np.float32), peers, 64, 0, lambda *_: None,
+                              transport="tcp")
+
+        async def engine_for(run_id):
+            return engine
+        listener = tcp.TcpListener(f"127.0.0.1:{ports[0]}", engine_for)
+        await listener.start()
+        peer = socket.create_connection(("127.0.0.1", ports[0]))
+        try:
+            await engine.connect(0.2)
+            running = asyncio.ensure_future(engine.allreduce(0))
+            receive = plans[0][0].steps[0].recvs[0]
+            peer.sendall(tcp._frame(tcp.HELLO, src=1, count=3) + b"run" + _chunk(16, offset=receive.offset))
+            with pytest.raises(RuntimeError, match=rf"^sending to rank 1 \(h1\): not connected to 127.0.0.1:{ports[1]}"):
+                await asyncio.wait_for(running, 10)
+            return engine.buffer[receive.offset:receive.offset + 16].copy()
+        finally:
+            peer.close()
+            await engine.close()
+            listener.close()
+
+    np.testing.assert_array_equal(asyncio.run(run()), 2.0)  # its chunk landed meanwhile

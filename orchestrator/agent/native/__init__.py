@@ -34,6 +34,8 @@ _SIGNATURES = {
     "dp_error_refused": (ctypes.c_int, [_P]),
     "dp_close": (ctypes.c_int, [_P]),
     "dp_stop": (None, [_P]),
+    "dp_attach": (None, [_P, ctypes.c_int, ctypes.c_int]),
+    "dp_unreachable": (None, [_P, ctypes.c_int, ctypes.c_char_p]),
     "dp_set_link_rate": (None, [_P, _D]),
     "dp_acks_due": (ctypes.c_int, [_P, ctypes.c_int]),
 }

@@ -209,7 +209,8 @@ static void check_done(dp_t *d, part_t *p) {
     if (p->done || !p->written) return;
     for (int i = p->first_range; i < p->first_range + p->nranges; i++)
         if (!d->r.done[i]) return;
-    /* every END of it written: none of its streams' ENDs still queued */
+    /* written (its ENDs queued behind its last chunks) and every receive applied: its credit
+     * goes back (the ACKs are collected once the iteration's partitions are all done) */
     p->done = 1;
     d->in_flight -= p->cost;
     start_partitions(d);
@@ -392,7 +393,7 @@ static void *writer(void *arg) {
     for (;;) {
         conn_t *c = &d->conns[ci];
         if (d->closed || c->dead) break;
-        if (!d->running) {
+        if (!d->running || c->fd < 0) { /* (no socket yet: dp_attach gives it one) */
             pthread_cond_wait(&d->cv, &d->mu);
             continue;
         }
@@ -492,7 +493,7 @@ static void *answers(void *arg) {
         pthread_mutex_lock(&d->mu);
         int closed = d->closed;
         for (int c = 0; c < d->nconns; c++)
-            if (!d->conns[c].reader_done) {
+            if (!d->conns[c].reader_done && d->conns[c].fd >= 0) {
                 fds[n] = (struct pollfd){.fd = d->conns[c].fd, .events = POLLIN};
                 which[n++] = c;
             }
@@ -694,7 +695,33 @@ static void start_thread(void *(*fn)(void *), void *arg, pthread_t *t) {
     pthread_attr_destroy(&a);
 }
 
-/* A connected socket (its HELLO sent) to peer `rank`: its index, or -1 when full. */
+/* The socket (its HELLO sent) of connection `c`, registered without one (fd -1). */
+void dp_attach(dp_t *d, int c, int fd) {
+    pthread_mutex_lock(&d->mu);
+    if (d->closed || d->conns[c].fd >= 0) {
+        close(fd);
+    } else {
+        d->conns[c].fd = fd;
+        d->conns[c].pace_dirty = 1;
+        wake_all(d);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (write(d->wake[1], "a", 1) < 0) {
+    }
+}
+
+/* Connection `c` could not be opened: `why`, reported when the iteration needs it. */
+void dp_unreachable(dp_t *d, int c, const char *why) {
+    pthread_mutex_lock(&d->mu);
+    conn_failed(d, &d->conns[c], 0, why);
+    d->conns[c].reader_done = 1;
+    wake_all(d);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* A connection to peer `rank` over socket `fd` (its HELLO sent), or -1: not open yet (see
+ * dp_attach). Its index, or -1 when full. While one is not open, the iteration goes on:
+ * this rank still receives, as the Python path's write waiting for its connection did. */
 int dp_connection(dp_t *d, int fd, int rank) {
     pthread_mutex_lock(&d->mu);
     if (d->nconns >= d->max_conns) {
@@ -848,7 +875,8 @@ int dp_error_refused(dp_t *d) { return d->error_refused; }
 void dp_stop(dp_t *d) {
     pthread_mutex_lock(&d->mu);
     d->closed = 1;
-    for (int c = 0; c < d->nconns; c++) shutdown(d->conns[c].fd, SHUT_RDWR);
+    for (int c = 0; c < d->nconns; c++)
+        if (d->conns[c].fd >= 0) shutdown(d->conns[c].fd, SHUT_RDWR);
     wake_all(d);
     pthread_mutex_unlock(&d->mu);
     if (write(d->wake[1], "x", 1) < 0) {
@@ -863,7 +891,7 @@ int dp_close(dp_t *d) {
     for (int c = 0; c < d->nconns; c++) pthread_join(d->conns[c].writer, NULL);
     if (d->answering) pthread_join(d->answers, NULL);
     for (int c = 0; c < d->nconns; c++) {
-        close(d->conns[c].fd);
+        if (d->conns[c].fd >= 0) close(d->conns[c].fd);
         free(d->conns[c].ends);
     }
     pthread_mutex_lock(&d->mu);

@@ -46,6 +46,7 @@ class NativeEngine(Engine):
                                   tcp.STAGE_BYTES, self.credit_bytes, float(self.pacer.link_rate), SLACK,
                                   max(1, len(self.targets)), self.progress.ctypes.data, self.moved.ctypes.data)
         self.registered = False
+        self.opening: list[asyncio.Future] = []  # connections still being opened (_open_later)
         self.running = False
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dataplane")
         self.guard = threading.Condition()  # `serving` calls inside dp_serve; none once closed
@@ -113,19 +114,39 @@ class NativeEngine(Engine):
         self._register()
 
     def _register(self) -> None:
-        """Hand every outgoing connection to dataplane.c, once all are open (its indices
-        are the order of `targets`); the event loop stops reading them."""
-        if self.registered or not all(self.sender.connected(t) for t in self.targets):
+        """Hand every outgoing connection to dataplane.c (its indices are the order of
+        `targets`); the event loop stops reading them. One not open yet is registered
+        without a socket and opened in the background for up to OPEN_WAIT more seconds:
+        meanwhile this rank enters its iterations and receives, as the Python path's
+        first write waiting for its connection lets it (a peer cut off is then named by the
+        ranks sending to it, not by those waiting for this one)."""
+        if self.registered:
             return
-        loop = asyncio.get_running_loop()
-        for index, target in enumerate(self.targets):
-            sock = self.sender.connections[target].sock
-            loop.remove_reader(sock.fileno())
-            sock.setblocking(True)
-            rank = self._rank_of(target)
-            if self.lib.dp_connection(self.dp, sock.dup().detach(), rank) != index:
-                raise RuntimeError("dataplane: connections registered out of order")
         self.registered = True
+        for index, target in enumerate(self.targets):
+            fd = self._take(target) if self.sender.connected(target) else -1
+            if self.lib.dp_connection(self.dp, fd, self._rank_of(target)) != index:
+                raise RuntimeError("dataplane: connections registered out of order")
+            if fd < 0:
+                self.opening.append(asyncio.ensure_future(self._open_later(index, target)))
+
+    def _take(self, target: str) -> int:
+        """A descriptor of `target`'s open socket for dataplane.c (its own: a dup)."""
+        sock = self.sender.connections[target].sock
+        asyncio.get_running_loop().remove_reader(sock.fileno())
+        sock.setblocking(True)
+        return sock.dup().detach()
+
+    async def _open_later(self, index: int, target: str) -> None:
+        await self.sender.ready(target, tcp.OPEN_WAIT)
+        if self.closed or not self.dp:
+            return
+        if self.sender.connected(target):
+            self.lib.dp_attach(self.dp, index, self._take(target))
+        else:
+            error = self.sender.connections[target].error if target in self.sender.connections else ""
+            why = error or f"not connected to {target} after {tcp.OPEN_WAIT:g} s"
+            self.lib.dp_unreachable(self.dp, index, why.encode()[:tcp.MAX_REASON])
 
     def _rank_of(self, target: str) -> int:
         for plan in self.plans:
@@ -135,22 +156,9 @@ class NativeEngine(Engine):
                         return send.dst
         return -1
 
-    async def _opened(self) -> None:
-        if self.registered:
-            return
-        missing = [t for t in self.targets if not self.sender.connected(t)]
-        await self.sender.connect(set(missing), tcp.OPEN_WAIT)
-        for target in missing:
-            if not self.sender.connected(target):
-                rank = self._rank_of(target)
-                error = self.sender.connections[target].error if target in self.sender.connections else ""
-                raise RuntimeError(f"sending to rank {rank} ({self._node(rank)}): "
-                                   f"{error or f'not connected to {target} after {tcp.OPEN_WAIT:g} s'}")
-        self._register()
-
     # -- one allreduce --------------------------------------------------------------------
     async def allreduce(self, iteration: int) -> None:
-        await self._opened()
+        self._register()
         self.iteration = iteration
         self.progressed_at = time.monotonic()
         self.counted[:] = 0  # dp_iterate starts every range over
@@ -264,6 +272,8 @@ class NativeEngine(Engine):
                 sock.shutdown(2)
             except OSError:
                 pass
+        for task in self.opening:
+            task.cancel()
         await self.sender.close()  # (its sockets: dataplane.c has its own descriptors)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._free)
