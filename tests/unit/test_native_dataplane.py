@@ -340,3 +340,10 @@ def test_a_peer_not_listening_leaves_the_rank_receiving_until_it_is_named(monkey
             listener.close()
 
     np.testing.assert_array_equal(asyncio.run(run()), 2.0)  # its chunk landed meanwhile
+
+
+def test_a_plan_reaching_past_the_gradient_is_refused_before_anything_moves():
+    plans = [plan_format.PartitionPlan(0, 0, 16, 0, [plan_format.Step(0, [], [plan_format.Recv(1, 8, 16)])])]
+    peers = {r: {"address": "127.0.0.1:9", "by_nic": {}, "node": f"h{r}"} for r in range(2)}
+    with pytest.raises(ValueError, match="^the plan's ranges reach past the gradient of 16 elements$"):
+        NativeEngine("run", 0, plans, np.zeros(16, np.float32), peers, 64, 0, lambda *_: None, transport="tcp")

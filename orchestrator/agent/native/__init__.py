@@ -23,15 +23,15 @@ _tried = False
 _P = ctypes.c_void_p
 _I32, _I64, _D = ctypes.c_int32, ctypes.c_int64, ctypes.c_double
 _SIGNATURES = {
-    "dp_new": (_P, [_I32, _P, _I64, _I64, _I64, _I64, _D, _D, ctypes.c_int, _P, _P]),
+    "dp_new": (_P, [_I32, _P, _I64, _I64, _I64, _D, _D, ctypes.c_int, _P]),
     "dp_connection": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int]),
     "dp_plan": (None, [_P, ctypes.c_int] + [_P] * 16 + [ctypes.c_int] + [_P] * 5),
     "dp_iterate": (ctypes.c_int, [_P, _I64]),
     "dp_cancel": (None, [_P]),
-    "dp_serve": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
+    "dp_serve": (ctypes.c_int, [_P, ctypes.c_int]),
     "dp_error": (ctypes.c_char_p, [_P]),
     "dp_error_rank": (ctypes.c_int, [_P]),
-    "dp_error_refused": (ctypes.c_int, [_P]),
+    "dp_ready": (ctypes.c_int, [_P, ctypes.c_int]),
     "dp_close": (ctypes.c_int, [_P]),
     "dp_stop": (None, [_P]),
     "dp_attach": (None, [_P, ctypes.c_int, ctypes.c_int]),

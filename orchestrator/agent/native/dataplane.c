@@ -23,7 +23,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -99,7 +98,7 @@ typedef struct {
     pthread_cond_t cv_serve; /* serving calls: an iteration began, a staged chunk landed */
     pthread_mutex_t apply_mu; /* two serving threads may add into one range in one step (a PS) */
     float *buffer;
-    int64_t elements, chunk, stage_bytes, credit;
+    int64_t chunk, stage_bytes, credit;
     double link_rate, slack;
     ranges_t r;
     int nranges;
@@ -114,12 +113,11 @@ typedef struct {
     int wake[2]; /* a pipe that wakes the answers thread */
     pthread_t answers;
     char error[ERROR_LEN];
-    int error_rank, error_refused;
+    int error_rank;
     staged_t *staged;
     int64_t *staged_bytes; /* per serving call */
     int nserve, serving;
     double *progressed; /* CLOCK_MONOTONIC of the last chunk moved (shared with Python) */
-    int64_t *moved;      /* [0] bytes written, [1] bytes landed (shared) */
 } dp_t;
 
 static double now_real(void) {
@@ -158,16 +156,10 @@ static int clear_to_apply(dp_t *d, int part, int step, int64_t lo, int64_t hi) {
     return clear_to_send(d, part, step, lo, hi) && !overlaps_earlier(d, part, 1, step, lo, hi);
 }
 
-static void fail(dp_t *d, int rank, int refused, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void fail(dp_t *d, int rank, int refused, const char *fmt, ...) {
+static void fail(dp_t *d, int rank, const char *why) {
     if (d->error[0]) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->error, ERROR_LEN, fmt, ap);
-    va_end(ap);
-    if (!d->error[0]) snprintf(d->error, ERROR_LEN, "failed");
+    snprintf(d->error, ERROR_LEN, "%s", why[0] ? why : "failed");
     d->error_rank = rank;
-    d->error_refused = refused;
     wake_all(d);
 }
 
@@ -234,7 +226,6 @@ static void advance(dp_t *d, int i, int64_t count) {
     if (d->r.first[i] == 0) d->r.first[i] = now;
     d->r.lo[i] += count;
     *d->progressed = now_mono();
-    d->moved[d->r.kind[i] == 1 ? 0 : 1] += count * 4;
     if (d->r.lo[i] >= d->r.hi[i]) {
         d->r.done[i] = 1;
         d->r.last[i] = now;
@@ -537,8 +528,8 @@ static int has_staged(dp_t *d, int range, int serve) {
 }
 
 /* Serve one incoming connection (its HELLO read) until it ends: 0 when it closed, 1 when
- * this side refused it (the reason sent to the peer in a REFUSE, and in `why`). */
-int dp_serve(dp_t *d, int fd, char *why, int why_len) {
+ * this side refused it (the reason sent to the peer in a REFUSE). */
+int dp_serve(dp_t *d, int fd) {
     pthread_mutex_lock(&d->mu);
     int me = d->nserve++;
     d->staged_bytes = realloc(d->staged_bytes, d->nserve * sizeof(int64_t));
@@ -638,7 +629,6 @@ int dp_serve(dp_t *d, int fd, char *why, int why_len) {
         head_t r = {.kind = REFUSE, .count = (uint32_t)len};
         struct iovec v[2] = {{&r, sizeof r}, {err, len}};
         write_full(fd, v, 2);
-        snprintf(why, why_len, "%s", err);
     }
     pthread_mutex_lock(&d->mu);
     /* what it staged and never applied goes: its connection is over */
@@ -659,8 +649,8 @@ int dp_serve(dp_t *d, int fd, char *why, int why_len) {
 }
 
 /* -- the engine --------------------------------------------------------------------------- */
-dp_t *dp_new(int32_t rank, float *buffer, int64_t elements, int64_t chunk, int64_t stage_bytes, int64_t credit,
-             double link_rate, double slack, int max_conns, double *progressed, int64_t *moved) {
+dp_t *dp_new(int32_t rank, float *buffer, int64_t chunk, int64_t stage_bytes, int64_t credit,
+             double link_rate, double slack, int max_conns, double *progressed) {
     dp_t *d = calloc(1, sizeof *d);
     d->rank = rank;
     pthread_mutex_init(&d->mu, NULL);
@@ -672,7 +662,6 @@ dp_t *dp_new(int32_t rank, float *buffer, int64_t elements, int64_t chunk, int64
     pthread_cond_init(&d->cv_done, &a);
     pthread_cond_init(&d->cv_serve, &a);
     d->buffer = buffer;
-    d->elements = elements;
     d->chunk = chunk;
     d->stage_bytes = stage_bytes;
     d->credit = credit;
@@ -683,7 +672,6 @@ dp_t *dp_new(int32_t rank, float *buffer, int64_t elements, int64_t chunk, int64
     d->iteration = -1;
     if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK)) d->wake[0] = d->wake[1] = -1;
     d->progressed = progressed;
-    d->moved = moved;
     return d;
 }
 
@@ -833,7 +821,7 @@ int dp_iterate(dp_t *d, int64_t iteration) {
                 waiting = now_mono() - dead_since < 0.2;
             }
             if (!waiting) {
-                fail(d, k->rank, k->refused, "%s", k->error);
+                fail(d, k->rank, k->error);
                 result = 1;
                 break;
             }
@@ -866,9 +854,19 @@ void dp_cancel(dp_t *d) {
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Whether range `i`'s next chunk may move now (a stall report's `ready`): a send's once it
+ * is clear to send, a receive's once it is clear to apply. */
+int dp_ready(dp_t *d, int i) {
+    pthread_mutex_lock(&d->mu);
+    int64_t lo = d->r.lo[i], hi = lo + d->chunk < d->r.hi[i] ? lo + d->chunk : d->r.hi[i];
+    int ready = d->r.kind[i] ? clear_to_send(d, d->r.part[i], d->r.step[i], lo, hi)
+                             : clear_to_apply(d, d->r.part[i], d->r.step[i], lo, hi);
+    pthread_mutex_unlock(&d->mu);
+    return ready;
+}
+
 const char *dp_error(dp_t *d) { return d->error; }
 int dp_error_rank(dp_t *d) { return d->error_rank; }
-int dp_error_refused(dp_t *d) { return d->error_refused; }
 
 /* Wind everything up without waiting: connections shut down, every wait woken (a serving
  * call, a chunk waiting for its iteration, dp_iterate) to find the engine closed. */

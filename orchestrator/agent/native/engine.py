@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import threading
 import time
 
@@ -26,10 +25,7 @@ from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent import transports
 from orchestrator.agent.transports import tcp
 
-REASON_BYTES = tcp.MAX_REASON + 1
-_INT32 = ("part", "step", "peer", "kind", "conn", "order", "copy", "done", "step_index")
 _INT64 = ("lo", "hi", "start")
-_FLOAT = ("share", "begun", "first", "last")
 
 
 class NativeEngine(Engine):
@@ -39,12 +35,17 @@ class NativeEngine(Engine):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.lib = library()
-        self.targets = sorted({self._target(s) for p in self.plans for st in p.steps for s in st.sends if s.count})
+        # peer address → its rank (for its errors and stall reports), in registration order
+        self.rank_of = {self._target(s): s.dst for p in self.plans for st in p.steps for s in st.sends if s.count}
+        self.targets = sorted(self.rank_of)
+        # dataplane.c writes where the ranges say: refused before anything is made
+        ranges = [(x.offset, x.count) for p in self.plans for st in p.steps for x in (*st.sends, *st.recvs) if x.count]
+        if any(lo < 0 or lo + count > len(self.buffer) for lo, count in ranges):
+            raise ValueError(f"the plan's ranges reach past the gradient of {len(self.buffer)} elements")
         self.progress = np.zeros(1, dtype=np.float64)  # CLOCK_MONOTONIC of the last chunk moved
-        self.moved = np.zeros(2, dtype=np.int64)
-        self.dp = self.lib.dp_new(self.rank, self.buffer.ctypes.data, len(self.buffer), self.chunk_elements,
-                                  tcp.STAGE_BYTES, self.credit_bytes, float(self.pacer.link_rate), SLACK,
-                                  max(1, len(self.targets)), self.progress.ctypes.data, self.moved.ctypes.data)
+        self.dp = self.lib.dp_new(self.rank, self.buffer.ctypes.data, self.chunk_elements, tcp.STAGE_BYTES,
+                                  self.credit_bytes, float(self.pacer.link_rate), SLACK, max(1, len(self.targets)),
+                                  self.progress.ctypes.data)
         self.registered = False
         self.opening: list[asyncio.Future] = []  # connections still being opened (_open_later)
         self.running = False
@@ -125,7 +126,7 @@ class NativeEngine(Engine):
         self.registered = True
         for index, target in enumerate(self.targets):
             fd = self._take(target) if self.sender.connected(target) else -1
-            if self.lib.dp_connection(self.dp, fd, self._rank_of(target)) != index:
+            if self.lib.dp_connection(self.dp, fd, self.rank_of[target]) != index:
                 raise RuntimeError("dataplane: connections registered out of order")
             if fd < 0:
                 self.opening.append(asyncio.ensure_future(self._open_later(index, target)))
@@ -148,19 +149,10 @@ class NativeEngine(Engine):
             why = error or f"not connected to {target} after {tcp.OPEN_WAIT:g} s"
             self.lib.dp_unreachable(self.dp, index, why.encode()[:tcp.MAX_REASON])
 
-    def _rank_of(self, target: str) -> int:
-        for plan in self.plans:
-            for step in plan.steps:
-                for send in step.sends:
-                    if send.count and self._target(send) == target:
-                        return send.dst
-        return -1
-
     # -- one allreduce --------------------------------------------------------------------
     async def allreduce(self, iteration: int) -> None:
         self._register()
         self.iteration = iteration
-        self.progressed_at = time.monotonic()
         self.counted[:] = 0  # dp_iterate starts every range over
         self.progress[0] = time.monotonic()  # (CLOCK_MONOTONIC, as dataplane.c's)
         self.running = True
@@ -173,7 +165,6 @@ class NativeEngine(Engine):
             raise
         finally:
             self.running = False
-            self.progressed_at = None
             self._count()
         if result == 1:
             reason = self.lib.dp_error(self.dp).decode("utf-8", "replace")
@@ -225,8 +216,7 @@ class NativeEngine(Engine):
                 return
             self.serving += 1
         try:
-            why = ctypes.create_string_buffer(REASON_BYTES)
-            self.lib.dp_serve(self.dp, sock.fileno(), why, REASON_BYTES)
+            self.lib.dp_serve(self.dp, sock.fileno())  # a refusal's reason goes to the peer
         finally:
             with self.guard:
                 self.serving -= 1
@@ -244,23 +234,13 @@ class NativeEngine(Engine):
         a = self.a
         left = np.nonzero(a["lo"] < a["hi"])[0]
         if not len(left):
-            return [pb.Pending(kind="ack", peer=self._rank_of(t), ready=True)
+            return [pb.Pending(kind="ack", peer=self.rank_of[t], ready=True)
                     for c, t in enumerate(self.targets) if self.registered and self.lib.dp_acks_due(self.dp, c) > 0]
         order = np.lexsort((a["peer"][left], a["kind"][left], a["step"][left]))  # receives (0) before sends
-        first, size = self.parts[0], self.parts[1]
-        found = []
-        for i in left[order[:limit]].tolist():
-            part, step, lo, hi = int(a["part"][i]), int(a["step"][i]), int(a["lo"][i]), int(a["hi"][i])
-            send = bool(a["kind"][i])
-            end = min(hi, lo + self.chunk_elements)
-            rows = slice(int(first[part]), int(first[part] + size[part]))
-            kinds = a["kind"][rows] == 0 if send else np.ones(rows.stop - rows.start, bool)
-            other_lo, other_hi = a["lo"][rows], a["hi"][rows]
-            blocked = kinds & (a["step"][rows] < step) & (other_lo < other_hi) & (other_lo < end) & (lo < other_hi)
-            found.append(pb.Pending(kind="send" if send else "receive", peer=int(a["peer"][i]), step=step,
-                                    partition=part, offset=int(a["start"][i]), end=hi, done=lo,
-                                    ready=not blocked.any()))
-        return found
+        return [pb.Pending(kind="send" if a["kind"][i] else "receive", peer=int(a["peer"][i]), step=int(a["step"][i]),
+                           partition=int(a["part"][i]), offset=int(a["start"][i]), end=int(a["hi"][i]),
+                           done=int(a["lo"][i]), ready=bool(self.lib.dp_ready(self.dp, i)))
+                for i in left[order[:limit]].tolist()]
 
     async def close(self) -> None:
         with self.guard:
