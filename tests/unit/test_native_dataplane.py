@@ -187,6 +187,36 @@ HOSTILE = {
 }
 
 
+MEMORY = 1 << 30  # the receiving rank's data limit in the hostile-frame tests
+
+
+def _under_memory_limit(run):
+    """`asyncio.run(run())` in a child process limited to MEMORY bytes of data (RLIMIT_DATA):
+    its result, or its failure re-raised here."""
+    import multiprocessing
+    import resource
+
+    def child(out) -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY, MEMORY))
+        try:
+            out.put(("ok", asyncio.run(run())))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            out.put(("failed", f"{type(exc).__name__}: {exc}"))
+
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    process = context.Process(target=child, args=(out,))
+    process.start()
+    try:
+        status, value = out.get(timeout=60)
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+    assert status == "ok", value
+    return value
+
+
 @pytest.mark.parametrize("frame,reason", HOSTILE.values(), ids=HOSTILE)
 def test_a_hostile_frame_is_refused_in_one_line_and_the_rank_lives_on(frame, reason):
     async def run():
@@ -207,7 +237,7 @@ def test_a_hostile_frame_is_refused_in_one_line_and_the_rank_lives_on(frame, rea
                 await running
             return refused
 
-    assert asyncio.run(run()) == reason
+    assert _under_memory_limit(run) == reason
 
 
 def test_a_chunk_past_the_end_of_its_transfer_is_refused_after_those_before_it_landed():
@@ -224,7 +254,7 @@ def test_a_chunk_past_the_end_of_its_transfer_is_refused_after_those_before_it_l
             await asyncio.gather(running, return_exceptions=True)
             return refused, o, landed
 
-    refused, o, landed = asyncio.run(run())
+    refused, o, landed = _under_memory_limit(run)
     assert refused == f"ValueError: chunk [{o + 24}, +16) from rank 1 overruns its transfer"
     np.testing.assert_array_equal(landed, 2.0)  # 1 + 1: the two chunks before it were added in
 
