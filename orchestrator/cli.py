@@ -1028,11 +1028,12 @@ def run_experiment(
     _load_plugins(plugin)
 
     spec = load_experiment(experiment)
-    # what this machine has for the agents' gradients (MemAvailable): a plan that cannot fit
-    # is refused here, on a dry run too, before anything is built
+    # what this machine has for the agents' gradients (MemAvailable) and threads: a plan that
+    # cannot fit is refused here, on a dry run too, before anything is built
     from orchestrator.emulation.capacity import host_limits
 
-    plan = make_plan(spec, str(experiment), memory=host_limits().mem_available_mib << 20)
+    host = host_limits()
+    plan = make_plan(spec, str(experiment), memory=host.mem_available_mib << 20, tasks=host.tasks_free)
     needs = _plan_needs(plan)
     if dry_run:
         _print_plan(plan, needs)

@@ -51,6 +51,11 @@ class CompiledRun:
         """Transfers of one allreduce, all partitions (what holding this run costs)."""
         return sum(len(step) for _, schedule in self.schedules for step in schedule.steps)
 
+    @property
+    def connections(self) -> int:
+        """Connections the agents open for it: one per sender, receiver and NIC it names."""
+        return len({(t.src, t.dst, t.nic) for _, schedule in self.schedules for _, t in schedule.transfers()})
+
     def predicted(self, network: Network | None, topology: Topology | None, routes: Routes | None = None,
                   compute_s: float = 0.0, attribute: bool = False, compute=None, warmup: int = 0) -> "CompiledRun":
         """This run with the cost model's prediction on `topology` (no network or topology: none),

@@ -19,8 +19,12 @@ The limits that bite, each found by building labs on this project's machines (2 
 - Memory, against MemAvailable: per namespace, shaped link, management port, route and
   container, measured (see the constants).
 
+- Threads, against kernel.pid_max (32,768 here) and kernel.threads-max: a lab starts none,
+  but its agents run a thread per connection at each end (experiment/plan.py counts them
+  per run: a mesh of 170 would need about 59,000); `tasks_free` is what a run may start.
+
 Looked at and not biting here: user.max_net_namespaces (96,364), fs.mount-max (100,000; a
-lab mounts one file per namespace), kernel.pid_max (32,768; netns labs start no process).
+lab mounts one file per namespace).
 
 `estimate(topology, runtime)` is pure, `host_limits()` reads this host, `refusal(need,
 limits)` is the first limit exceeded as a one-line message, and `require(spec, topology)`
@@ -86,6 +90,7 @@ class HostLimits:
     open_files_soft: int
     open_files_hard: int  # resource.RLIM_INFINITY (-1) for none
     mem_available_mib: int
+    tasks_free: int = 1 << 30  # threads this host can still start (pid_max, threads-max less running)
 
 
 def estimate(topology: Topology, runtime: str, lab: str = "this lab") -> Need:
@@ -183,7 +188,19 @@ def host_limits() -> HostLimits:
         gc_thresh3=int(_proc(GC_THRESH3, "1024")),
         open_files_soft=soft, open_files_hard=hard,
         mem_available_mib=_mem_available_kib() // 1024,
+        tasks_free=_tasks_free(),
     )
+
+
+def _tasks_free() -> int:
+    """Threads this host can still start: the lower of kernel.pid_max and kernel.threads-max,
+    less the tasks running now (/proc/loadavg's fourth field, running/total)."""
+    limit = min(int(_proc("kernel.pid_max", "32768")), int(_proc("kernel.threads-max", "32768")))
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        running = 0
+    return max(limit - running, 0)
 
 
 def _proc(sysctl: str, default: str) -> str:

@@ -55,6 +55,7 @@ class PlannedPoint:
     # the schedules, routes and prediction the point runs with (`compiled_point`): kept from
     # planning while the plan's KEEP_TRANSFERS allow, so a run compiles nothing again
     compiled: CompiledRun | None = field(default=None, repr=False, compare=False)
+    threads: int = 0  # what its agents run at once, summed (`agent_threads`)
 
     @property
     def size_bytes(self) -> int:
@@ -144,6 +145,44 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
                         f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
 
 
+# Threads an agent runs beside its connections: gRPC's, the event loop's and its executor's,
+# the native data path's poller and iteration (9 idle and 12 in a run, counted on local
+# agents), with room. Every connection costs its sender a writer thread (the native data
+# path's) and its receiver a reader (the tcp listener's).
+AGENT_THREADS = 16
+# Of the threads this host can still start (kernel.pid_max and threads-max less the tasks
+# running), what a run's agents may take; the rest keeps the host usable.
+THREAD_SHARE = 0.8
+
+
+def agent_threads(compiled: CompiledRun) -> int:
+    """The threads every agent of `compiled` runs at once, summed: a mesh of n ranks runs
+    n × (16 + 2 (n - 1)), a ring n × 18."""
+    return compiled.ranks * AGENT_THREADS + 2 * compiled.connections
+
+
+def thread_refusal(spec: ExperimentSpec, planned: list[PlannedPoint], source: str, tasks: int) -> SpecError | None:
+    """The first point (or jobs run together) whose agents need more threads than THREAD_SHARE
+    of the `tasks` this host can still start; None if every one fits. Past it a thread
+    cannot start (EAGAIN) and a rank stops in the middle of a run."""
+    runs: dict[object, list[PlannedPoint]] = {}
+    for p in planned:
+        runs.setdefault(p.point.group if p.point.group is not None else p.point.id, []).append(p)
+    for group in runs.values():
+        threads = sum(p.threads for p in group)
+        if threads > tasks * THREAD_SHARE:
+            point = group[0].point
+            agents = sum(len(p.layout.nodes) for p in group)
+            what = "jobs" if len(group) > 1 else _algorithm_field(spec, point)
+            return SpecError(
+                f"{source}: {what}: run {point.id}: its {agents:,} agents need about {threads:,} threads "
+                f"({AGENT_THREADS} each and 2 per connection) and this host can start {tasks:,} more "
+                f"(kernel.pid_max and kernel.threads-max less the tasks running; a run may take "
+                f"{THREAD_SHARE:.0%}): choose an algorithm with fewer peers per server or fewer servers, or raise "
+                "kernel.pid_max")
+    return None
+
+
 def latency_of(spec: ExperimentSpec, lab: LabSpec):
     """The α measured on `lab` over the experiment's transport (calibrate.Latency), or None:
     not measured yet (a run measures it before its first point)."""
@@ -211,7 +250,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             raise SpecError(f"{source}: {field}: {foreign[0].action} {foreign[0].target} is no server of job "
                             f"{point.job} ({', '.join(ranks.nodes)}): a job's server faults target its own servers "
                             f"(run {point.id})")
-    return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled)
+    return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled,
+                        agent_threads(compiled))
 
 
 def _job_index(spec: ExperimentSpec, point: RunPoint) -> int:
@@ -227,9 +267,10 @@ def _algorithm_field(spec: ExperimentSpec, point: RunPoint) -> str:
 
 
 def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memory: int | None = None,
-                latency=None) -> list[PlannedPoint]:
+                latency=None, tasks: int | None = None) -> list[PlannedPoint]:
     """Every point planned and predicted (`predict_point`); jobs that run together, predicted
-    with each other's flows (experiment/jobs.py)."""
+    with each other's flows (experiment/jobs.py). `tasks`: the threads this host can still
+    start (None skips that check, as for `memory`)."""
     planned, kept = [], 0
     for point in points:
         p = predict_point(spec, point, source, memory, latency)
@@ -250,6 +291,9 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
                 from None
         for i, p in zip(indices, predicted):
             planned[i] = p
+    refused = thread_refusal(spec, planned, source, tasks) if tasks is not None else None
+    if refused:
+        raise refused
     return planned
 
 
@@ -300,14 +344,16 @@ def _compute(spec: ExperimentSpec, point: RunPoint, drawn: list[list[float]] | N
     return {"compute_s": workloads.compute_seconds(point.workload), "compute": drawn, "warmup": spec.warmup}
 
 
-def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None) -> Plan:
+def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None,
+              tasks: int | None = None) -> Plan:
     """Every point planned and predicted; `memory`: bytes the agents may use on this host
-    (MemAvailable; None skips that check, as a plan for another machine would)."""
+    (MemAvailable), `tasks`: threads it can still start (None skips either check, as a plan
+    for another machine would)."""
     auto_rate = None
     if spec.auto_bandwidth:
         spec = _auto_bandwidth(spec, source, memory)
         auto_rate = spec.lab.links.bandwidth
-    return Plan(spec, variants(spec), plan_points(spec, expand(spec), source, memory), auto_rate)
+    return Plan(spec, variants(spec), plan_points(spec, expand(spec), source, memory, tasks=tasks), auto_rate)
 
 
 AUTO_RANGE = (1e6, 100e9)  # bit/s: the rates `auto` chooses among

@@ -214,3 +214,49 @@ def test_a_run_given_its_compiled_run_runs_it_without_compiling_again(agents, mo
                         compiled=given)
     assert compiled_by_driver == ["ring"] and result.compiled is not given
     assert all(r["verified"] for r in result.records())
+
+
+@pytest.mark.parametrize("algorithm", ["mesh", "ring"])
+def test_the_plans_thread_count_bounds_what_the_agents_run(algorithm):
+    """experiment/plan.py refuses a run whose agents would need more threads than the host can
+    start (agent_threads): that count must hold what real agents run, sampled through the
+    run from fresh agents (a run's connections stay open until the next one begins). A mesh
+    of 6 runs a writer and a reader per peer in every agent."""
+    with local_agents(6) as eps:
+        _count_threads_through_a_run(eps, algorithm)
+
+
+def _count_threads_through_a_run(eps, algorithm: str) -> None:
+    import os
+    import threading
+
+    import psutil
+
+    from orchestrator.collectives.partition import partitions
+    from orchestrator.cost.compiled import compile_run
+    from orchestrator.experiment.plan import agent_threads
+
+    workers = len(eps)
+    pids = [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(f"--control {e.control}" in " ".join(p.info["cmdline"] or []) for e in eps)]
+    assert len(pids) == workers
+
+    def threads() -> int:
+        return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
+
+    idle, peak, done = threads(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], threads())
+            done.wait(0.002)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        driver.run(eps, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=3, ctx=Context(workers))
+    finally:
+        done.set()
+        sampler.join()
+    estimate = agent_threads(compile_run(algorithm, Context(workers), sum(TENSORS), partitions(TENSORS, None),
+                                         nodes=[e.node for e in eps]))
+    assert idle < peak[0] <= estimate, (idle, peak[0], estimate)

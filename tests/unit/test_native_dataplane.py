@@ -377,3 +377,54 @@ def test_a_plan_reaching_past_the_gradient_is_refused_before_anything_moves():
     peers = {r: {"address": "127.0.0.1:9", "by_nic": {}, "node": f"h{r}"} for r in range(2)}
     with pytest.raises(ValueError, match="^the plan's ranges reach past the gradient of 16 elements$"):
         NativeEngine("run", 0, plans, np.zeros(16, np.float32), peers, 64, 0, lambda *_: None, transport="tcp")
+
+
+def _tasks_of(uid: int) -> int:
+    """Threads of `uid` on this host (what RLIMIT_NPROC counts)."""
+    import os
+
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if int(status["Uid"].split()[0]) == uid:
+            count += int(status["Threads"])
+    return count
+
+
+def test_a_rank_out_of_threads_says_so_in_one_line_and_closes_cleanly():
+    """Rank 0 of a mesh of 8 may start only 3 more threads (RLIMIT_NPROC, in a child that runs
+    as nobody: root's is not enforced) and needs 8 (a writer per peer and the answers' poller):
+    registering its connections fails in one line naming the host's thread limit, and the
+    engine closes without joining a thread that never started."""
+    import os
+    import resource
+
+    native.library()  # loaded while the child may still read it
+    plans = _plans("mesh", Context(8), 64)
+    peers = {r: {"address": f"127.0.0.1:{_free_port() - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+             for r in range(8)}
+
+    async def run():
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        engine = NativeEngine("run", 0, plans[0], np.ones(64, np.float32), peers, 64, 0, lambda *_: None,
+                              transport="tcp")
+        await engine.sender.connect(set(engine.targets), 0.1)  # nobody listens: opened later, each
+        _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(65534) + 3, hard))
+        try:
+            engine._register()
+        except RuntimeError as exc:
+            return str(exc)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NPROC, (hard, hard))
+            await engine.close()
+        return "registered"
+
+    message = _under_memory_limit(run)
+    assert message.startswith("rank 0: could not start a thread for its connection to rank "), message
+    assert "(7 connections): this host is out of threads (kernel.pid_max" in message and "\n" not in message

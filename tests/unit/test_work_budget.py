@@ -255,3 +255,23 @@ def test_plan_refuses_a_gradient_beyond_this_machines_memory():
     assert make_plan(spec, "big.yaml").points  # no memory given: planned (for another machine)
     with pytest.raises(SpecError, match=r"big.yaml: agents.workload: 8 agents of about 2,144 MiB each .* 16,384 MiB"):
         make_plan(spec, "big.yaml", memory=16 << 30)
+
+
+def test_plan_counts_the_agents_threads_and_refuses_a_run_this_host_cannot_start():
+    """A mesh of 8 runs 8 × (16 + 2 × 7) = 240 threads (every connection: a writer at its
+    sender, a reader at its receiver), a ring 8 × 18 = 144; a run past 80 % of the threads
+    the host can still start is refused in one line naming the algorithm's field."""
+    from orchestrator.errors import SpecError
+    from orchestrator.experiment.plan import make_plan
+    from orchestrator.spec.experiment import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({
+        "name": "many", "lab": {"name": "many", "topology": {"kind": "star", "servers": 8}, "servers": {"runtime": "netns"}},
+        "agents": {"algorithms": ["ring", "mesh"], "workload": {"kind": "back-to-back", "size": "1M"}}})
+    assert [p.threads for p in make_plan(spec, "many.yaml").points] == [144, 240]
+    assert make_plan(spec, "many.yaml", tasks=300).points  # 240 ≤ 0.8 × 300
+    with pytest.raises(SpecError) as refused:
+        make_plan(spec, "many.yaml", tasks=299)
+    assert str(refused.value).startswith("many.yaml: agents.algorithms.1: run ")
+    assert "its 8 agents need about 240 threads (16 each and 2 per connection) and this host can start 299 more" \
+        in str(refused.value) and "\n" not in str(refused.value)

@@ -675,12 +675,14 @@ dp_t *dp_new(int32_t rank, float *buffer, int64_t chunk, int64_t stage_bytes, in
     return d;
 }
 
-static void start_thread(void *(*fn)(void *), void *arg, pthread_t *t) {
+/* 0, or pthread_create's error (EAGAIN: the host's or the cgroup's thread limit). */
+static int start_thread(void *(*fn)(void *), void *arg, pthread_t *t) {
     pthread_attr_t a;
     pthread_attr_init(&a);
     pthread_attr_setstacksize(&a, 256 * 1024); /* a mesh's agents run one per peer */
-    pthread_create(t, &a, fn, arg);
+    int rc = pthread_create(t, &a, fn, arg);
     pthread_attr_destroy(&a);
+    return rc;
 }
 
 /* The socket (its HELLO sent) of connection `c`, registered without one (fd -1). */
@@ -708,7 +710,8 @@ void dp_unreachable(dp_t *d, int c, const char *why) {
 }
 
 /* A connection to peer `rank` over socket `fd` (its HELLO sent), or -1: not open yet (see
- * dp_attach). Its index, or -1 when full. While one is not open, the iteration goes on:
+ * dp_attach). Its index; -1 when full, -2 when its thread could not start (errno's EAGAIN:
+ * the host's thread limit; the caller still owns `fd`). While one is not open, the iteration goes on:
  * this rank still receives, as the Python path's write waiting for its connection did. */
 int dp_connection(dp_t *d, int fd, int rank) {
     pthread_mutex_lock(&d->mu);
@@ -716,18 +719,27 @@ int dp_connection(dp_t *d, int fd, int rank) {
         pthread_mutex_unlock(&d->mu);
         return -1;
     }
-    int c = d->nconns++;
+    if (!d->answering) {
+        if (start_thread(answers, d, &d->answers)) {
+            pthread_mutex_unlock(&d->mu);
+            return -2;
+        }
+        d->answering = 1;
+    }
+    int c = d->nconns;
     conn_t *k = &d->conns[c];
-    k->fd = fd;
-    k->rank = rank;
     void **a = malloc(2 * sizeof(void *));
     a[0] = d;
     a[1] = (void *)(intptr_t)c;
-    start_thread(writer, a, &k->writer);
-    if (!d->answering) {
-        d->answering = 1;
-        start_thread(answers, d, &d->answers);
+    k->fd = fd;
+    k->rank = rank;
+    if (start_thread(writer, a, &k->writer)) { /* not counted: nothing joins it */
+        free(a);
+        k->fd = -1;
+        pthread_mutex_unlock(&d->mu);
+        return -2;
     }
+    d->nconns++;
     if (write(d->wake[1], "c", 1) < 0) { /* (full: it is awake anyway) */
     }
     pthread_mutex_unlock(&d->mu);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -126,7 +127,16 @@ class NativeEngine(Engine):
         self.registered = True
         for index, target in enumerate(self.targets):
             fd = self._take(target) if self.sender.connected(target) else -1
-            if self.lib.dp_connection(self.dp, fd, self.rank_of[target]) != index:
+            got = self.lib.dp_connection(self.dp, fd, self.rank_of[target])
+            if got == -2:
+                if fd >= 0:
+                    os.close(fd)
+                raise RuntimeError(
+                    f"rank {self.rank}: could not start a thread for its connection to rank {self.rank_of[target]} "
+                    f"({len(self.targets)} connections): this host is out of threads (kernel.pid_max, "
+                    "kernel.threads-max or the cgroup's pids.max): stop other labs, raise the limit, or choose an "
+                    "algorithm with fewer peers")
+            if got != index:
                 raise RuntimeError("dataplane: connections registered out of order")
             if fd < 0:
                 self.opening.append(asyncio.ensure_future(self._open_later(index, target)))
