@@ -338,6 +338,17 @@ def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[
                                                    **_compute(spec, planned.point, planned.compute)).prediction
 
 
+def predict_with_compute(spec: ExperimentSpec, planned: PlannedPoint, compute: list[list[float]]) -> Prediction | None:
+    """The point's prediction (same schedules, routes, α and cores) with its workers computing
+    for the seconds `compute` [iteration][worker] they measured: the skew between them, as
+    the run's sync times count it (cost/predict.py `_stragglers`). None when the model cannot
+    take that many iterations."""
+    prediction = compiled_point(spec, planned).predicted(
+        planned.prediction.network, topology_of(planned.point.lab), attribute=True, compute_s=0.0, compute=compute,
+        warmup=spec.warmup).prediction
+    return prediction if prediction.parts is not None and "skew" in prediction.parts else None
+
+
 def _compute(spec: ExperimentSpec, point: RunPoint, drawn: list[list[float]] | None) -> dict:
     """The workload's compute as the prediction takes it: its mean, and with stragglers the
     times `drawn` for every worker and iteration (as the run hands them out)."""

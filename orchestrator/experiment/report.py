@@ -41,7 +41,8 @@ COLUMNS = {
     "gst_p95_s": lambda p: _get(p, "gst_s", "p95"), "sync_fault_free_mean_s": lambda p: _get(p, "sync_s", "fault_free_mean"),
     "predicted_s": lambda p: _get(p, "predicted", "seconds"),
     "predicted_bandwidth_s": lambda p: _part(p, "bandwidth"), "predicted_latency_s": lambda p: _part(p, "latency"),
-    "predicted_waiting_s": lambda p: _part(p, "waiting"),
+    "predicted_waiting_s": lambda p: _part(p, "waiting"), "predicted_skew_s": lambda p: _part(p, "skew"),
+    "predicted_compute": lambda p: _get(p, "predicted", "compute"),
     "ratio": lambda p: p.get("ratio"), "algbw_bytes_per_s": lambda p: p.get("algbw_bytes_per_s"),
     "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
@@ -79,16 +80,23 @@ def _attribution_lines(results: dict) -> list[str]:
         if not parts or not total:
             continue
         alpha = _get(p, "predicted", "latency_s")
-        shares = [f"{_seconds(parts.get(k))} ({(parts.get(k) or 0) / total:.0%})" for k in ("bandwidth", "latency", "waiting")]
+        shares = [f"{_seconds(parts.get(k))} ({(parts.get(k) or 0) / total:.0%})" if parts.get(k) is not None else "–"
+                  for k in ("bandwidth", "latency", "waiting", "skew")]
+        computed = {"measured": "measured"}.get(_get(p, "predicted", "compute"), "drawn" if parts.get("skew") is not None
+                                                                                  else "–")
         rows.append(f"| {p['id']} | {_seconds(total)} | " + " | ".join(shares)
-                    + f" | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
+                    + f" | {computed} | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
     if not rows:
         return []
     return ["", "## Where the model puts the time", "",
             "Per point, the predicted time per synchronisation split by cause: the busiest link direction's "
             "bytes at its rate (bandwidth), α on every message (latency; α as measured on the lab, "
-            "cost/latency.py), and the rest: ranks waiting on each other while that link idles.", "",
-            "| point | predicted s | bandwidth s | latency s | waiting s | α µs |", "|---|---|---|---|---|---|", *rows]
+            "cost/latency.py), ranks waiting on each other while that link idles (waiting), and workers "
+            "entering apart (skew): from the compute stragglers were drawn, or, for real training, from the "
+            "compute each worker measured (the point is then predicted again after its run; the plan's "
+            "figure is `planned_seconds` in results.json).", "",
+            "| point | predicted s | bandwidth s | latency s | waiting s | skew s | compute | α µs |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def render(directory: Path, results: dict | None = None) -> list[Path]:

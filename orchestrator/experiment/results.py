@@ -219,12 +219,15 @@ class _Parts(_Model):
     bandwidth: Number = None
     latency: Number = None
     waiting: Number = None
+    skew: Number = None
 
 
 class _Predicted(_Model):
     seconds: Number = None
+    planned_seconds: Number = None
     latency_s: Number = None
     parts: Optional[_Parts] = None
+    compute: Optional[str] = None
 
 
 class _Partitioning(_Model):

@@ -229,6 +229,14 @@ def test_the_report_shows_where_the_model_puts_each_points_time():
     assert "(25%)" in row and "(60%)" in row and "(15%)" in row and "1,500" in row
     assert not any("001-old" in line for line in lines)  # results from before the split: no row
     assert COLUMNS["predicted_latency_s"](point) == 0.012 and COLUMNS["predicted_waiting_s"]({"id": "x"}) is None
+    assert row.endswith("| – | – | 1,500 |")  # no skew: no compute table
+
+    trained = {"id": "002-digits", "predicted": {"seconds": 0.02, "latency_s": 0.0015, "compute": "measured",
+                                                 "parts": {"bandwidth": 0.005, "latency": 0.010, "waiting": 0.001,
+                                                           "skew": 0.004}}}
+    [row] = [line for line in _attribution_lines({"points": [trained]}) if line.startswith("| 002-digits")]
+    assert "(20%) | measured | 1,500 |" in row
+    assert COLUMNS["predicted_skew_s"](trained) == 0.004 and COLUMNS["predicted_compute"](trained) == "measured"
 
 
 @pytest.mark.parametrize("content, says", [
@@ -253,3 +261,31 @@ def test_testbed_predict_reads_a_hostile_latency_file_in_bounded_memory_and_says
     assert line.startswith("warning: α left out: ") and says in line, line
     assert "α 0 µs" in done.stdout  # left out, and said so: not a guess
     assert sorted(p.name for p in state.iterdir()) == ["latency.json"]
+
+
+def test_real_training_is_predicted_again_with_the_compute_its_workers_measured(state):
+    """The digits MLP computes for real: the plan cannot know how long, so a run predicts its
+    points again with each worker's measured compute. One worker computes 3 ms every
+    iteration, the others 1 ms (the median): every synchronisation waits 2 ms more for it,
+    and the model counts that as skew; the plan's figure is kept beside. A table with a worker's iteration missing
+    leaves the plan's prediction as it was."""
+    from orchestrator.experiment import workloads
+    from orchestrator.experiment.runner import _predict_with_measured_compute, point_entry
+
+    spec = load_experiment(Path(__file__).resolve().parents[2] / "experiments/digits.yaml")
+    assert workloads.compute_measured(spec.agents.workload)
+    planned = make_plan(spec, "digits.yaml").points[0]  # ring on four workers
+    workers = len(planned.layout.workers)
+    records = [{"rank": rank, "iteration": i, "compute_s": 0.003 if rank == 0 else 0.001}
+               for i in range(spec.iterations) for rank in range(workers)]
+    entry = point_entry(spec, planned)
+    planned_s = entry["predicted"]["seconds"]
+    _predict_with_measured_compute(spec, planned, records, entry, workers)
+    predicted = entry["predicted"]
+    assert predicted["compute"] == "measured" and predicted["planned_seconds"] == planned_s
+    assert predicted["parts"]["skew"] == pytest.approx(0.002, abs=2e-4)  # 3 ms against the median 1 ms
+    assert predicted["seconds"] == pytest.approx(planned_s + predicted["parts"]["skew"], rel=1e-6)
+
+    untouched = point_entry(spec, planned)
+    _predict_with_measured_compute(spec, planned, records[1:], untouched, workers)
+    assert untouched["predicted"] == point_entry(spec, planned)["predicted"]
