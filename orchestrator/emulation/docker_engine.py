@@ -8,6 +8,7 @@ their network namespace from outside, by PID.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -118,7 +119,8 @@ def run_containers(
 ) -> dict[str, int]:
     """Create and start containers in parallel; returns {name: pid of its init}.
 
-    Each spec has name, hostname, image, labels and optional nano_cpus and mem_limit.
+    Each spec has name, hostname, image, labels and optional nano_cpus, mem_limit and rdma
+    (give it the host's RDMA devices: `rdma_access`).
     """
     api = client().api
 
@@ -126,9 +128,13 @@ def run_containers(
         host_config = api.create_host_config(
             network_mode="none",
             init=True,
-            cap_add=["NET_ADMIN", "NET_RAW"],  # researchers tune routes and tc inside
+            # researchers tune routes and tc inside; verbs pin what they register (the rdma
+            # transport: the whole gradient buffer), and without IPC_LOCK a container may pin
+            # only RLIMIT_MEMLOCK (8 MiB, which a host without CAP_SYS_RESOURCE cannot raise)
+            cap_add=["NET_ADMIN", "NET_RAW", "IPC_LOCK"],
             nano_cpus=spec.get("nano_cpus"),
             mem_limit=spec.get("mem_limit"),
+            **(rdma_access() if spec.get("rdma") else {}),
         )
         try:
             created = api.create_container(
@@ -154,6 +160,26 @@ def run_containers(
     finally:
         # on an error, containers not yet started are not started (the caller rolls back)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+INFINIBAND = Path("/dev/infiniband")
+UVERBS_MAJOR = 231  # the kernel's fixed char major of /dev/infiniband/uverbs* (IB_UVERBS_MAJOR)
+
+
+def rdma_access(devices: Path = INFINIBAND) -> dict:
+    """What a container needs to use the host's RDMA devices (soft-RoCE's rxe among them):
+    /dev/infiniband bound in, so that the uverbs nodes of rxe devices made after the
+    container started (a lab makes them per server once it runs) appear inside, and the
+    device cgroup opened to them and to rdma_cm. Nothing when the host has no RDMA stack."""
+    if not devices.is_dir():
+        return {}
+    rules = [f"c {UVERBS_MAJOR}:* rwm"]
+    try:
+        cm = (devices / "rdma_cm").stat().st_rdev
+        rules.append(f"c {os.major(cm)}:{os.minor(cm)} rwm")
+    except OSError:
+        pass  # rdma_ucm not loaded: verbs without the connection manager
+    return {"binds": {str(devices): {"bind": str(devices), "mode": "rw"}}, "device_cgroup_rules": rules}
 
 
 def remove_containers(names: Iterable[str], workers: int = 8) -> int:

@@ -176,6 +176,7 @@ class DockerRuntime:
                 "labels": {docker_engine.LAB_LABEL: spec.name, docker_engine.NODE_LABEL: n},
                 "nano_cpus": int(servers.cpus * 1e9) if servers.cpus else None,
                 "mem_limit": servers.memory,
+                "rdma": spec.rdma == "softroce",
             }
             for n in nodes
         ]

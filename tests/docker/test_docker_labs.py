@@ -27,6 +27,19 @@ def test_all_pairs_ping_in_docker(make_lab, lab_file):
     assert unreachable_pairs(lab) == []
 
 
+PIN_64_MIB = """
+import ctypes, mmap, resource
+size = 64 << 20
+assert resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] < size, "no limit to pass"
+buffer = mmap.mmap(-1, size)
+address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size)):
+    raise SystemExit(f"mlock: errno {ctypes.get_errno()}")
+print("pinned")
+"""
+
+
 def test_containers_are_servers_with_no_docker_network(make_lab):
     lab = make_lab("bcube,3,1", name="ctr", **{"servers.runtime": "docker", "servers.cpus": 0.5, "servers.memory": "256M"})
     api = docker_engine.client().api
@@ -41,6 +54,10 @@ def test_containers_are_servers_with_no_docker_network(make_lab):
         links = lab.exec(server.name, ["ip", "-o", "link"]).stdout
         names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
         assert names == sorted(["lo", "mgmt0", *(n.name for n in server.data_nics())])
+    # verbs pin the buffers they register (the rdma transport: the whole gradient): a server
+    # pins 64 MiB, past the 8 MiB RLIMIT_MEMLOCK Docker hands down
+    pinned = lab.exec("h00", ["python", "-c", PIN_64_MIB])
+    assert pinned.returncode == 0 and pinned.stdout.strip() == "pinned", pinned.stdout
     # the agent's Python and this package are installed in the image
     probe = lab.exec("h00", ["python", "-c", "import orchestrator, grpc, numpy; print('ok')"])
     assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stdout

@@ -74,3 +74,22 @@ def test_a_device_that_cannot_be_made_again_says_which_netdev(monkeypatch):
     monkeypatch.setattr(softroce, "_rdma", rdma)
     with pytest.raises(EmulationError, match="soft-RoCE on eth0: rdma: operation not supported"):
         softroce.repair("ns", {"rxe_ab12_h2_eth0": "eth0"})
+
+
+def test_a_docker_server_of_a_softroce_lab_is_given_the_hosts_rdma_devices(tmp_path):
+    """Docker servers reach rxe's verbs through the host's /dev/infiniband: bound in whole, so
+    that uverbs nodes made after the container started appear inside, with the device cgroup
+    opened to uverbs (major 231) and to rdma_cm's own numbers. A host without an RDMA stack
+    gives nothing (the lab's feature check has refused softroce there already)."""
+    import os
+    import stat
+
+    from orchestrator.emulation.docker_engine import rdma_access
+
+    assert rdma_access(tmp_path / "no-such") == {}
+    devices = tmp_path / "infiniband"
+    devices.mkdir()
+    assert rdma_access(devices) == {"binds": {str(devices): {"bind": str(devices), "mode": "rw"}},
+                                    "device_cgroup_rules": ["c 231:* rwm"]}
+    os.mknod(devices / "rdma_cm", 0o600 | stat.S_IFCHR, os.makedev(10, 123))
+    assert rdma_access(devices)["device_cgroup_rules"] == ["c 231:* rwm", "c 10:123 rwm"]
