@@ -20,6 +20,8 @@ predictions carry the α of the lab they are held against (latency.json).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -189,6 +191,11 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
                 if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle <= 1:
                     raise ValueError(f"{where}.cpu_idle_share: expected a share from 0 to 1, got {idle!r}"[:300])
                 checked["cpu_idle_share"] = float(idle)
+            agents = values.get("agents")
+            if agents is not None:  # files kept before it was recorded have none
+                if not isinstance(agents, str) or len(agents) > 64:
+                    raise ValueError(f"{where}.agents: expected a digest of up to 64 characters, got {agents!r}"[:300])
+                checked["agents"] = agents
             out.setdefault(key, {})[transport] = checked
     return out
 
@@ -203,12 +210,39 @@ class Latency(NamedTuple):
         return cls(measured["alpha_s"], int(measured["cores"]))
 
 
+def agents_fingerprint() -> str:
+    """Which agents an α is theirs: a digest of the agent package's code (engine, transports,
+    native data path) and of whether the native data path is in use. The per-message cost is
+    the agents' own: star,8 kept 155 µs measured on the Python data path, which the native
+    one brought to about 90."""
+    from orchestrator.agent import native
+
+    return hashlib.sha256((b"native" if native.available() else b"python") + _agent_code()).hexdigest()[:16]
+
+
+@functools.cache
+def _agent_code() -> bytes:
+    """A digest of the agent package's sources (read once: every planned point asks)."""
+    root = Path(__file__).resolve().parents[1] / "agent"
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".c") and path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.digest()
+
+
 def trusted(measured: dict) -> bool:
-    """Was this α measured with the CPU to spare? On a busy machine the agents wait for a core,
-    that wait is fitted as latency, and it was kept and reused by every later run on the lab
-    (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured on a
-    quiet machine). One measured with less than the verdict's idle share (MIN_IDLE) is
-    measured again; one kept before the share was recorded is taken as it is."""
+    """Was this α measured by these agents, with the CPU to spare? One measured by other
+    agents (an upgrade, a checkout without the native data path: `agents_fingerprint`), or
+    kept before that was recorded, is measured again. On a busy machine the agents wait for
+    a core, that wait is fitted as latency, and it was kept and reused by every later run on
+    the lab (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured
+    on a quiet machine): one measured with less than the verdict's idle share (MIN_IDLE) is
+    measured again too; one kept before the share was recorded is taken as it is."""
+    return measured.get("agents") == agents_fingerprint() and _quiet(measured)
+
+
+def _quiet(measured: dict) -> bool:
     return measured.get("cpu_idle_share", 1.0) >= MIN_IDLE
 
 
@@ -232,7 +266,7 @@ def save_latency(lab, transport: str, measured: dict[str, float]) -> Path:
         kept = load_latency()
     except NotCalibrated:
         kept = {}  # unreadable: measured anew, so written anew
-    kept.setdefault(lab_key(lab), {})[transport] = dict(measured)
+    kept.setdefault(lab_key(lab), {})[transport] = {"agents": agents_fingerprint(), **measured}
     root = state_root()
     root.mkdir(parents=True, exist_ok=True)
     write_inside(root, LATENCY_FILE, json.dumps({"labs": kept}, indent=1, sort_keys=True) + "\n")
@@ -243,7 +277,8 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     """α on `lab` over `transport` with its running agents `endpoints` (one per server): a
     zero-byte ring over all of them, and a ping-pong between the first two, each back to
     back; each fitted to the model (cost/latency.py). {"alpha_s", "pingpong_s", "allreduce_s", "cores",
-    "cpu_idle_share"}: the last, the machine's idle share while it measured (see `trusted`)."""
+    "cpu_idle_share", "agents"}: the machine's idle share while it measured, and which agents
+    measured it (see `trusted`)."""
     import dataclasses
 
     from orchestrator.collectives.context import Context
@@ -293,7 +328,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     pingpong, _ = timed(list(endpoints[:2]))
     share = idle_share(before, _cpu())
     return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "cores": cores,
-            "cpu_idle_share": round(share, 4) if share is not None else 1.0}
+            "cpu_idle_share": round(share, 4) if share is not None else 1.0, "agents": agents_fingerprint()}
 
 
 def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:
@@ -307,7 +342,7 @@ def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], 
 def describe_latency(measured: dict[str, float]) -> str:
     idle = measured.get("cpu_idle_share")
     cpu = "" if idle is None else f"; CPU {idle:.0%} idle" + (
-        "" if trusted(measured) else ": too busy to keep trusting it, measured again next time")
+        "" if _quiet(measured) else ": too busy to keep trusting it, measured again next time")
     return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {measured['cores']} cores "
             f"(fitted to a zero-byte ring of {measured['allreduce_s'] * 1e3:.2f} ms; a ping-pong between two "
             f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs{cpu})")

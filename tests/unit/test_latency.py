@@ -289,3 +289,27 @@ def test_real_training_is_predicted_again_with_the_compute_its_workers_measured(
     untouched = point_entry(spec, planned)
     _predict_with_measured_compute(spec, planned, records[1:], untouched, workers)
     assert untouched["predicted"] == point_entry(spec, planned)["predicted"]
+
+
+def test_an_alpha_kept_by_other_agents_is_measured_again(state, monkeypatch):
+    """α is the agents' own per-message cost: one kept by other agents (before an upgrade, or
+    with the native data path where it is now off) is not used, nor is one kept before that
+    was recorded (star,8 kept 155 µs from the Python data path); what these agents save is."""
+    import json as json_lib
+
+    from orchestrator.agent import native
+
+    lab = lab_from_argument("bcube,2,1", **{"servers.runtime": "netns"})
+    calibrate.save_latency(lab, "tcp", MEASURED)
+    kept = json_lib.loads((state / "latency.json").read_text())["labs"]["bcube-2-1 netns"]["tcp"]
+    assert kept["agents"] == calibrate.agents_fingerprint() and calibrate.latency_for(lab, "tcp") == (0.0015, 2)
+    prints = set()
+    for native_in_use in (True, False):
+        monkeypatch.setattr(native, "available", lambda: native_in_use)
+        prints.add(calibrate.agents_fingerprint())
+    monkeypatch.undo()
+    assert len(prints) == 2  # the same code on the other data path: other agents
+    calibrate.save_latency(lab, "tcp", {**MEASURED, "agents": "0123456789abcdef"})  # another build's
+    assert calibrate.latency_for(lab, "tcp") is None
+    (state / "latency.json").write_text(json_lib.dumps({"labs": {"bcube-2-1 netns": {"tcp": MEASURED}}}))
+    assert calibrate.latency_for(lab, "tcp") is None  # kept before the agents were recorded
