@@ -18,7 +18,6 @@ The limits that bite, each found by building labs on this project's machines (2 
   too low.
 - Memory, against MemAvailable: per namespace, shaped link, management port, route and
   container, measured (see the constants).
-
 - Threads, against kernel.pid_max (32,768 here) and kernel.threads-max: a lab starts none,
   but its agents run a thread per connection at each end (experiment/plan.py counts them
   per run: a mesh of 170 would need about 59,000); `tasks_free` is what a run may start.

@@ -82,8 +82,7 @@ def _attribution_lines(results: dict) -> list[str]:
         alpha = _get(p, "predicted", "latency_s")
         shares = [f"{_seconds(parts.get(k))} ({(parts.get(k) or 0) / total:.0%})" if parts.get(k) is not None else "–"
                   for k in ("bandwidth", "latency", "waiting", "skew")]
-        computed = {"measured": "measured"}.get(_get(p, "predicted", "compute"), "drawn" if parts.get("skew") is not None
-                                                                                  else "–")
+        computed = _get(p, "predicted", "compute") or ("drawn" if parts.get("skew") is not None else "–")
         rows.append(f"| {p['id']} | {_seconds(total)} | " + " | ".join(shares)
                     + f" | {computed} | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
     if not rows:

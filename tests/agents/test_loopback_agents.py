@@ -222,11 +222,6 @@ def test_the_plans_thread_count_bounds_what_the_agents_run(algorithm):
     start (agent_threads): that count must hold what real agents run, sampled through the
     run from fresh agents (a run's connections stay open until the next one begins). A mesh
     of 6 runs a writer and a reader per peer in every agent."""
-    with local_agents(6) as eps:
-        _count_threads_through_a_run(eps, algorithm)
-
-
-def _count_threads_through_a_run(eps, algorithm: str) -> None:
     import os
     import threading
 
@@ -236,27 +231,28 @@ def _count_threads_through_a_run(eps, algorithm: str) -> None:
     from orchestrator.cost.compiled import compile_run
     from orchestrator.experiment.plan import agent_threads
 
-    workers = len(eps)
-    pids = [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(f"--control {e.control}" in " ".join(p.info["cmdline"] or []) for e in eps)]
-    assert len(pids) == workers
+    workers = 6
+    with local_agents(workers) as eps:
+        pids = [p.pid for p in psutil.process_iter(["cmdline"])
+                if any(f"--control {e.control}" in " ".join(p.info["cmdline"] or []) for e in eps)]
+        assert len(pids) == workers
 
-    def threads() -> int:
-        return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
+        def threads() -> int:
+            return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
 
-    idle, peak, done = threads(), [0], threading.Event()
+        idle, peak, done = threads(), [0], threading.Event()
 
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], threads())
-            done.wait(0.002)
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        driver.run(eps, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=3, ctx=Context(workers))
-    finally:
-        done.set()
-        sampler.join()
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], threads())
+                done.wait(0.002)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            driver.run(eps, algorithm, TENSORS, workloads.emulated(TENSORS), iterations=3, ctx=Context(workers))
+        finally:
+            done.set()
+            sampler.join()
     estimate = agent_threads(compile_run(algorithm, Context(workers), sum(TENSORS), partitions(TENSORS, None),
                                          nodes=[e.node for e in eps]))
     assert idle < peak[0] <= estimate, (idle, peak[0], estimate)
