@@ -13,7 +13,14 @@ def test_two_jobs_on_bcube_interfere_where_their_rings_share_links_as_the_model_
     (a group each) and spread (a position each) the two 4-server rings use links of their
     own; placed at random (seeds 1 and 11) both rings relay through the same servers' level-1
     links and each takes about twice as long: measured beside the model's prediction from
-    both jobs' flows in one simulation."""
+    both jobs' flows in one simulation.
+
+    The model shares a link equally and the two rings end together; TCP need not share
+    equally (flows of unequal RTT), so one job ends early and the other runs its last
+    iterations alone, and each job's factor depends on the split (runs here: a 1.34–1.64, b
+    1.78–2.12, against 2.0 each; their mean 0.80–0.94 of the model's). What does not depend
+    on the split is the work the shared links carry: the job that ends last has waited for
+    both jobs' bytes, whichever went first, so its factor is what the model says."""
     results = _run(tmp_path, {
         "name": "jobs",
         "lab": {"name": "ex-jobsbc", "topology": {"kind": "bcube", "n": 4, "k": 1}, "links": {"bandwidth": "50Mbit"},
@@ -21,7 +28,7 @@ def test_two_jobs_on_bcube_interfere_where_their_rings_share_links_as_the_model_
         "agents": {"workload": {"kind": "tensors", "tensors": [250_000], "compute": "10ms"}},
         "jobs": [{"name": "a", "servers": {"count": 4, "seed": 1}, "algorithm": "ring"},
                  {"name": "b", "servers": {"count": 4, "seed": 11}, "algorithm": "ring"}],
-        "iterations": 5, "warmup": 1, "sweep": {"placements": ["packed", "spread", "random"]},
+        "iterations": 8, "warmup": 1, "sweep": {"placements": ["packed", "spread", "random"]},
     })
     points = results["points"]
     assert len(points) == 12 and all(p["status"] == "done" for p in points), [p.get("error") for p in points]
@@ -37,11 +44,9 @@ def test_two_jobs_on_bcube_interfere_where_their_rings_share_links_as_the_model_
             assert abs(row["factor_predicted"] - 1) < 0.01 and 0.88 < row["factor_measured"] < 1.12, row
         shared = rows[("random", job)]
         print(job, "random", shared["servers"], shared["factor_measured"], shared["factor_predicted"])
-        assert abs(shared["factor_predicted"] - 2) < 0.1 and shared["factor_measured"] > 1.3, shared
-    # the model shares a link equally; TCP need not (one run here: 1.64 and 2.12 against 1.985
-    # each): what the two jobs lose together is what the model says
-    measured = sum(rows[("random", job)]["factor_measured"] for job in ("a", "b")) / 2
-    predicted = sum(rows[("random", job)]["factor_predicted"] for job in ("a", "b")) / 2
+        assert abs(shared["factor_predicted"] - 2) < 0.1 and shared["factor_measured"] > 1.25, shared
+    measured = max(rows[("random", job)]["factor_measured"] for job in ("a", "b"))
+    predicted = max(rows[("random", job)]["factor_predicted"] for job in ("a", "b"))
     assert 0.85 < measured / predicted < 1.15, (measured, predicted)
 
 
