@@ -31,8 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.agent_dataplane import cpu_counters  # noqa: E402
+from orchestrator.collectives import registry  # noqa: E402
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
+from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
+from orchestrator.collectives.partition import partitions  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
@@ -98,6 +101,8 @@ def measure(lab, endpoints: list, network: Network, case: Case, elements: int, i
     eps = ranked(endpoints, case)
     workers = [e for e in eps if e.role == "worker"]
     ctx = Context(len(workers), lab.topology, tuple(e.node for e in eps), case.options)
+    lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(case.algorithm, ctx, elements,
+                                                                      partitions([elements], None))))  # as `run` does
     before = cpu_counters()
     result = driver.run(eps, case.algorithm, [elements], workloads.back_to_back([elements]),
                         iterations=warmup + iterations, ctx=ctx, network=network, pace=pace,

@@ -36,6 +36,8 @@ from orchestrator.experiment import calibrate  # noqa: E402
 from orchestrator.collectives import registry  # noqa: E402
 from orchestrator.collectives.context import Context  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
+from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
+from orchestrator.collectives.partition import partitions  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.experiment.results import sync_times  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
@@ -78,6 +80,8 @@ def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterati
     elements = size // 4
     eps = list(endpoints)
     ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps), OPTIONS.get(algorithm, {}))
+    lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(algorithm, ctx, elements,
+                                                                      partitions([elements], None))))  # as `run` does
     before = cpu_counters()
     result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),
                         iterations=warmup + iterations, ctx=ctx, network=network,

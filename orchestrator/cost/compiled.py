@@ -52,6 +52,11 @@ class CompiledRun:
         return sum(len(step) for _, schedule in self.schedules for step in schedule.steps)
 
     @property
+    def smallest_transfer(self) -> int:
+        """Bytes of its smallest transfer that moves any (what a lab sizes super-packets by)."""
+        return smallest_transfer_bytes(self.schedules)
+
+    @property
     def connections(self) -> int:
         """Connections the agents open for it: one per sender, receiver and NIC it names."""
         return len({(t.src, t.dst, t.nic) for _, schedule in self.schedules for _, t in schedule.transfers()})
@@ -74,6 +79,12 @@ class CompiledRun:
         if self.routes is None or self.network is None:
             raise ValueError("shares of a run come from its prediction: call predicted() first")
         return fair_shares(self.routes, self.schedules, list(self.nodes), self.network)
+
+
+def smallest_transfer_bytes(schedules: Schedules, itemsize: int = 4) -> int:
+    """Bytes of the smallest transfer of `schedules` that moves any (0: none moves any)."""
+    return min((t.length for _, schedule in schedules for _, t in schedule.transfers() if t.length),
+               default=0) * itemsize
 
 
 def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Partition], *,

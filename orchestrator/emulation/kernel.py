@@ -954,6 +954,16 @@ def set_rate(nl: Netlink, ns: str | None, ifname: str, rate_bps: int, mtu: int =
     nl.request(ns, _htb_class(nl.index(ns, ifname), "change-class", rate_bps, mtu), f"rate of {ifname}")
 
 
+def set_gso(nl: Netlink, ns: str | None, ifname: str, gso_bytes: int, ipv4_too: bool) -> None:
+    """The largest super-packet `ifname` builds from now on (sockets take their device's limit
+    when they connect: those already open keep theirs); `ipv4_too`: IPv4's own limit as well
+    (a kernel with BIG TCP keeps one, see BIG_GSO_BYTES)."""
+    index = nl.index(ns, ifname)
+    extra = {"gso_ipv4_max_size": gso_bytes} if ipv4_too else {}
+    _netlink(f"set {ifname} gso_max_size {gso_bytes}",
+             lambda: nl[ns].link("set", index=index, gso_max_size=gso_bytes, **extra))
+
+
 RTM_DELQDISC = 37
 
 

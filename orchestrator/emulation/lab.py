@@ -57,6 +57,29 @@ def _quiet(stage: str, done: int, total: int) -> None:
     pass
 
 
+LEGACY_GSO_BYTES = 64 * 1024  # a super-packet's limit on a kernel without BIG TCP
+# Super-packets per transfer a run's NICs allow at least. A super-packet leaves whole, so
+# a connection paced at a share of its link sends in steps of one (128 KiB at 1/7 of
+# 200 Mbit: 36 ms), and connections that share a link end up to one step apart: a mesh
+# of 8 at 4 MiB (512 KiB transfers, 4 super-packets each) took 1.11-1.18 × the model at
+# 128 KiB and 1.04-1.05 × at 64 KiB (bench/model_accuracy.py); bcube,3,1's mesh and ps
+# 1.18-1.21 and 1.05-1.06. Smaller ones cost the kernel per byte (a 200 Mbit ring's
+# machine CPU per GB: 0.53-0.56 at 128 KiB, 0.62-0.67 at 64 KiB), so large transfers keep
+# large ones.
+SUPER_PACKETS_PER_TRANSFER = 8
+
+
+def super_packet_bytes(smallest_transfer: int, largest: int) -> int:
+    """The super-packet size for a run whose smallest transfer is `smallest_transfer` bytes:
+    the largest power of two that gives it SUPER_PACKETS_PER_TRANSFER, within
+    [LEGACY_GSO_BYTES, largest] (below 64 KiB the kernel's work per byte climbs faster than
+    the steps shrink matter: such transfers take a few milliseconds)."""
+    size = largest
+    while size > LEGACY_GSO_BYTES and size * SUPER_PACKETS_PER_TRANSFER > smallest_transfer:
+        size //= 2
+    return max(min(size, largest), min(LEGACY_GSO_BYTES, largest))
+
+
 class Lab:
     """A lab that is live on this machine (build one with `Lab.up`, find one with `Lab.attach`)."""
 
@@ -375,6 +398,20 @@ class Lab:
                     queue = self.topology.queue_of(end.node, other.node, self.spec.links.queue)
                     kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent,
                                     self.leaf(end.node, other.node))
+
+    def fit_super_packets(self, smallest_transfer: int) -> int:
+        """Size the super-packets the servers' NICs build for a run whose smallest transfer
+        is `smallest_transfer` bytes (`super_packet_bytes`); the connections the run opens
+        take it. The size set."""
+        largest = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
+        size = super_packet_bytes(smallest_transfer, largest)
+        ns = self.plan.namespaces
+        with kernel.Netlink() as nl:
+            for server in self.topology.servers:
+                if self.here(server.name):
+                    for nic in server.data_nics():
+                        kernel.set_gso(nl, ns[server.name], nic.name, size, largest > LEGACY_GSO_BYTES)
+        return size
 
     def server_processes(self, server: str) -> list[dict]:
         """What runs on a server: {pid, start} of every process in a netns server's namespace

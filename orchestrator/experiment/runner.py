@@ -342,6 +342,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iteration, iterations)
 
     planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
+    lab.fit_super_packets(planned.compiled.smallest_transfer)  # (emulation/lab.py: few per transfer, uneven ends)
     watcher = _IterationWatcher(eps, iterations, on_iteration)
     rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
     result = None
@@ -436,6 +437,7 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     spec, point = plan.spec, planned.point
     framework = frameworks.get(point.algorithm.framework)
     workers = list(planned.layout.workers)
+    lab.fit_super_packets(compiled_point(spec, planned).smallest_transfer)
     entry.update(status="running", framework=framework.name)
     job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, planned.iterations, spec.timeout,
                          lambda iteration: progress("run", point.id, iteration, planned.iterations))

@@ -185,6 +185,12 @@ def shape_part(name: str, link: int, *shape) -> None:
     lab.set_link_shape(lab.topology.links[link], *shape)
 
 
+def super_packets_part(name: str, smallest_transfer: int) -> int:
+    from orchestrator.emulation.lab import Lab
+
+    return Lab.attach(name).fit_super_packets(smallest_transfer)
+
+
 def server_part(name: str, what: str, server: str, *args):
     """A server's processes listed, signalled or throttled, or the server revived, on its host."""
     from orchestrator.emulation.lab import Lab

@@ -261,6 +261,28 @@ def test_both_ends_of_every_fabric_link_take_big_tcp_super_packets(make_lab):
         assert sizes == {kernel.BIG_GSO_BYTES}, (link, sizes)
 
 
+def test_a_run_of_small_transfers_gets_smaller_super_packets_from_the_servers_nics(make_lab):
+    """A super-packet leaves whole, so transfers of few of them sharing a link end up to one
+    apart: a run sizes its servers' NICs for its smallest transfer (at least 8 each, never
+    below 64 KiB or above what the lab was built with); the switches' ends keep theirs."""
+    lab = make_lab("bcube,2,1", **{"servers.runtime": "netns"})
+    built = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else 64 * 1024
+
+    def sizes() -> dict[tuple[str, str], int]:
+        with kernel.Netlink() as nl:
+            ends = {node: kernel.links_in(nl, lab.plan.namespaces[node]) for node in lab.topology.nodes}
+        return {(e.node, e.interface): ends[e.node][e.interface]["gso_ipv4_bytes"]
+                for link in lab.topology.links for e in (link.a, link.b)}
+
+    servers = {s.name for s in lab.topology.servers}
+    assert set(sizes().values()) == {built}
+    assert lab.fit_super_packets(512 * 1024) == 64 * 1024
+    now = sizes()
+    assert {v for (node, _), v in now.items() if node in servers} == {64 * 1024}
+    assert {v for (node, _), v in now.items() if node not in servers} == {built}
+    assert lab.fit_super_packets(8 * 2**20) == built and set(sizes().values()) == {built}
+
+
 def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):
     """Receive Packet Steering on every CPU, so a veth cannot reorder a flow's packets."""
     if not Path("/proc/sys/net/core/rps_default_mask").exists():

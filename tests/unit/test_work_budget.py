@@ -275,3 +275,20 @@ def test_plan_counts_the_agents_threads_and_refuses_a_run_this_host_cannot_start
     assert str(refused.value).startswith("many.yaml: agents.algorithms.1: run ")
     assert "its 8 agents need about 240 threads (16 each and 2 per connection) and this host can start 299 more" \
         in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_super_packets_are_sized_for_eight_per_smallest_transfer_within_the_kernels_limits():
+    from orchestrator.collectives.context import Context
+    from orchestrator.collectives.partition import partitions
+    from orchestrator.cost.compiled import compile_run
+    from orchestrator.emulation.lab import super_packet_bytes
+
+    kib = 1024
+    assert [super_packet_bytes(t, 128 * kib) for t in (0, 8 * kib, 512 * kib, 1024 * kib - 4, 1024 * kib, 50 << 20)] \
+        == [64 * kib] * 4 + [128 * kib] * 2
+    assert super_packet_bytes(50 << 20, 64 * kib) == 64 * kib  # a kernel without BIG TCP: its own limit
+    # a mesh of 8 at 4 MiB moves 512 KiB transfers (a uneven split: the smallest counts)
+    mesh = compile_run("mesh", Context(8), 1 << 20, partitions([1 << 20], None), nodes=[f"h{i}" for i in range(8)])
+    assert mesh.smallest_transfer == 4 * ((1 << 20) // 8)
+    odd = compile_run("ring", Context(3), 10, partitions([10], None), nodes=["a", "b", "c"])
+    assert odd.smallest_transfer == 4 * 3  # 10 elements over 3: 3, 3 and 4
