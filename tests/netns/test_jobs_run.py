@@ -44,7 +44,7 @@ def test_two_jobs_on_bcube_interfere_where_their_rings_share_links_as_the_model_
             assert abs(row["factor_predicted"] - 1) < 0.01 and 0.88 < row["factor_measured"] < 1.12, row
         shared = rows[("random", job)]
         print(job, "random", shared["servers"], shared["factor_measured"], shared["factor_predicted"])
-        assert abs(shared["factor_predicted"] - 2) < 0.1 and shared["factor_measured"] > 1.25, shared
+        assert abs(shared["factor_predicted"] - 2) < 0.1 and shared["factor_measured"] > 1.15, shared
     measured = max(rows[("random", job)]["factor_measured"] for job in ("a", "b"))
     predicted = max(rows[("random", job)]["factor_predicted"] for job in ("a", "b"))
     assert 0.85 < measured / predicted < 1.15, (measured, predicted)
