@@ -631,15 +631,12 @@ def _fault_duration(text: Optional[str]) -> Optional[float]:
 def _wait_then_undo(injector, fault_id: str, what: str, seconds: float) -> None:
     """Hold the fault for `seconds` behind a progress bar, then undo it; Ctrl-C, SIGTERM or
     SIGHUP undo it at once. (A SIGKILL leaves it active: `testbed fault LAB heal` undoes it.)"""
-    import signal
     import time
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
+    from orchestrator.emulation.interrupts import terminate_as_interrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with _progress() as progress:
+        with terminate_as_interrupt(), _progress() as progress:
             task = progress.add_task(what[:32], total=seconds)
             end = time.monotonic() + seconds
             while (left := end - time.monotonic()) > 0:
@@ -648,8 +645,6 @@ def _wait_then_undo(injector, fault_id: str, what: str, seconds: float) -> None:
     except KeyboardInterrupt:
         err.print("interrupted: undoing the fault now")
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if any(f.id == fault_id for f in injector.active()):
             injector.undo(fault_id)
             out.print(f"fault {fault_id} undone", highlight=False)

@@ -54,3 +54,24 @@ def held_signals() -> Iterator[Signals]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt for the block's duration, as Ctrl-C does,
+    so that whatever unwinds on Ctrl-C (a lab's `with`, a run's teardown) unwinds on them
+    too: Python's default for both ends the process with nothing undone. Only the main
+    thread can install handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
 from orchestrator.emulation import capacity, cleanup, features, isolation, kernel, nft, queues, softroce
-from orchestrator.emulation.interrupts import held_signals
+from orchestrator.emulation.interrupts import held_signals, terminate_as_interrupt
 from orchestrator.emulation.journal import Entry, LabState, busy_error, global_lock, lab_lock, lab_locked
 from orchestrator.emulation.plan import MGMT_IF, OPTIONAL_SYSCTLS, SLOW_START_AFTER_IDLE, LabPlan, choose_mgmt_subnet
 from orchestrator.emulation import runtimes
@@ -163,10 +163,20 @@ class Lab:
         cleanup.clean_lab(self.spec.name)
 
     def __enter__(self) -> "Lab":
+        # SIGTERM and SIGHUP unwind the `with` as Ctrl-C does, so the lab comes down for them
+        # too (Python's default ends the process and leaves it up)
+        self._signals = terminate_as_interrupt()
+        self._signals.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.down()
+        signals, self._signals = getattr(self, "_signals", None), None
+        if signals is not None:
+            signals.__exit__(None, None, None)
+        with held_signals() as held:  # a signal now does not cut the teardown short: it acts after
+            self.down()
+        if held.received is not None and exc[0] is None:
+            raise KeyboardInterrupt
 
     # -- inventory ----------------------------------------------------------------------------
     @property

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import signal
 import threading
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ from orchestrator.experiment.sweep import LabVariant
 from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_share, link_place
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
+from orchestrator.emulation.interrupts import terminate_as_interrupt
 from orchestrator.control import checker, driver
 from orchestrator.control.iterations import Degrade, under_degrades
 
@@ -104,25 +104,6 @@ def tiers(variant: LabVariant) -> dict[str, str]:
     return out
 
 
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop the run as Ctrl-C does (KeyboardInterrupt), so that the
-    teardown runs for them too."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False,
                    progress: Progress = _quiet, make_lab: MakeLab | None = None) -> Outcome:
     """Run every point of `plan`, writing into `directory` (made by results.new_directory).
@@ -134,7 +115,7 @@ def run_experiment(plan: Plan, source: Path, directory: Path, keep: bool = False
     started = time.monotonic()
     kept: list[str] = []
     try:
-        with _signals_interrupt():
+        with terminate_as_interrupt():
             for variant in plan.variants:
                 _run_variant(plan, variant, results, directory, keep, kept, progress, make_lab or _lab_here)
         results["status"], results["partial"] = "complete", False

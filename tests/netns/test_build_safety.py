@@ -120,3 +120,39 @@ def test_clean_all_leaves_a_build_in_progress_alone(tmp_path):
     assert code == 0, stderr
     assert run_testbed("clean", name, state_root=tmp_path).returncode == 0
     assert leftovers(name, tmp_path) == NOTHING
+
+
+SCRIPT = """
+import sys, time
+from orchestrator.emulation import Lab
+from orchestrator.spec import lab_from_argument
+with Lab.up(lab_from_argument("star,2", name=sys.argv[1], **{"servers.runtime": "netns"})) as lab:
+    print("up", flush=True)
+    time.sleep(120)
+print("after", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_script_s_lab_comes_down_when_the_script_is_terminated(tmp_path, signum):
+    """`with Lab.up(...)` in a user's script: SIGTERM or SIGHUP (a job scheduler's stop, a
+    closed terminal) unwinds the block as Ctrl-C does and the lab comes down; Python's
+    default handler ended the process and left it up."""
+    import os
+    import subprocess
+    import sys
+
+    name = f"term-{signum.name[3:].lower()}"
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "TESTBED_STATE": str(tmp_path)})
+    try:
+        assert proc.stdout.readline().strip() == "up", proc.stderr.read()
+        assert leftovers(name, tmp_path)["namespaces"]
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+        left = leftovers(name, tmp_path)
+    finally:
+        proc.kill()
+        run_testbed("clean", name, state_root=tmp_path)  # whatever a failure left
+    assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+    assert left == NOTHING
