@@ -108,8 +108,9 @@ def with_alpha(lab, endpoints, network: Network) -> Network:
         kept = calibrate.Latency.of(measured)
         print(f"  α measured: {calibrate.describe_latency(measured)}", file=sys.stderr, flush=True)
     else:
-        print(f"  α as kept: {kept.alpha * 1e6:,.0f} µs, {kept.cores} cores", file=sys.stderr, flush=True)
-    return dataclasses.replace(network, latency=kept.alpha, cores=kept.cores)
+        print(f"  α as kept: {kept.alpha * 1e6:,.0f} µs, {kept.peer * 1e6:,.0f} µs per further peer, "
+              f"{kept.cores} cores", file=sys.stderr, flush=True)
+    return dataclasses.replace(network, latency=kept.alpha, cores=kept.cores, peer_latency=kept.peer)
 
 
 def run_lab(shorthand: str, rate: str, sizes: list[int], only: set[str], iterations: int, warmup: int,
@@ -128,6 +129,7 @@ def run_lab(shorthand: str, rate: str, sizes: list[int], only: set[str], iterati
                     # small gradients: more of them, so that a point is not one scheduler hiccup
                     repeat = iterations if size >= SMALL else iterations * 10
                     row = {"lab": shorthand, "rate": rate, "alpha_s": network.latency,
+                           "peer_latency_s": network.peer_latency,
                            **measure(lab, endpoints, network, algorithm, size, repeat, warmup)}
                     rows.append(row)
                     print(f"  {shorthand:<12} {_size(size):>7} {algorithm:<18} measured {row['measured_s']:8.4f} s "

@@ -743,14 +743,14 @@ def predict(
         raise BadUsage(f"--top {top}: a count of link directions is 0 or more (0 lists none)")
     chosen = _check_transport("--transport", transport)
     spec = lab_from_argument(lab, **{"links.bandwidth": bandwidth})
-    alpha, cores, note = _measured_latency(spec, transport) if latency == "measured" else \
-        (parsed("--latency", latency, parse_duration), None, None)
+    alpha, cores, peer, note = _measured_latency(spec, transport) if latency == "measured" else \
+        (parsed("--latency", latency, parse_duration), None, 0.0, None)
     report = predict_lab(
         spec, algorithm, parsed("--size", size, parse_size), workers=workers, options=parse_options(option),
         partition_bytes=parsed("--partition-bytes", partition_bytes, parse_size),
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
-        efficiency=efficiency, latency=alpha, cores=cores,
+        efficiency=efficiency, latency=alpha, cores=cores, peer_latency=peer,
         send_buffer_bytes=chosen.send_buffer, hosts=_hosts(hosts),
     )
     if note and not as_json:  # once the prediction stands: bad input stays one line
@@ -758,7 +758,7 @@ def predict(
     cpu = _cpu_need(report.prediction, spec, transport) if hosts is None else None  # this machine's: not a split's
     if as_json:
         document = report.to_json()
-        document["latency"] = {"alpha_s": alpha, "cores": cores, "source": "given" if latency != "measured" else
+        document["latency"] = {"alpha_s": alpha, "peer_s": peer, "cores": cores, "source": "given" if latency != "measured" else
                                "measured on this lab" if note is None else note}
         if cpu is not None and not isinstance(cpu, str):
             document["cpu"] = {"cores": cpu.cores, "available_cores": cpu.available, "fits": cpu.fits,
@@ -781,18 +781,18 @@ def _hosts(path: Optional[Path]) -> list | None:
     return [host.host() for host in load(HostsSpec, path).hosts]
 
 
-def _measured_latency(spec, transport: str) -> tuple[float, int | None, str | None]:
-    """(α, the cores the agents share) as measured on the lab `spec` over `transport`, else
-    (0, None) and a line saying so."""
+def _measured_latency(spec, transport: str) -> tuple[float, int | None, float, str | None]:
+    """(α, the cores the agents share, the per-peer cost) as measured on the lab `spec` over
+    `transport`, else (0, None, 0) and a line saying so."""
     lib = calibrate_lib()
     try:
         measured = lib.latency_for(spec, transport)
     except lib.NotCalibrated as exc:
-        return 0.0, None, f"warning: α left out: {exc}"
+        return 0.0, None, 0.0, f"warning: α left out: {exc}"
     if measured is None:
-        return 0.0, None, (f"note: α not measured on {lib.lab_key(spec)} over {transport}: left out (measure it "
-                           "with `testbed calibrate --latency-only --lab ...`, or give --latency)")
-    return measured.alpha, measured.cores, None
+        return 0.0, None, 0.0, (f"note: α not measured on {lib.lab_key(spec)} over {transport}: left out (measure "
+                                "it with `testbed calibrate --latency-only --lab ...`, or give --latency)")
+    return measured.alpha, measured.cores, measured.peer, None
 
 
 def _check_transport(flag: str, name: str):
@@ -1132,8 +1132,9 @@ def _latency_lines(plan) -> list[str]:
     for variant in plan.variants:
         measured = latency_of(plan.spec, variant.lab)
         where = f"{variant.lab.name} ({lib.lab_key(variant.lab)})"
-        lines.append(f"α on {where} over {transport}: {measured.alpha * 1e6:,.0f} µs per message, the agents "
-                     f"sharing {measured.cores} cores, as measured on it" if measured is not None else
+        lines.append(f"α on {where} over {transport}: {measured.alpha * 1e6:,.0f} µs per message and "
+                     f"{measured.peer * 1e6:,.0f} µs more per further peer, the agents sharing {measured.cores} "
+                     "cores, as measured on it" if measured is not None else
                      f"α on {where} over {transport}: not measured yet, so left out here: the run measures it "
                      "before its first point (or `testbed calibrate --latency-only --lab ...`)")
     return lines

@@ -53,6 +53,11 @@ class Network:
              or a run before its first point).
     cores:   the CPU cores every agent shares (one machine's), or None: a core per agent.
              A rank's j-th message of a step waits (j + 1)·α × max(1, senders / cores).
+    peer_latency: what each message of a rank costs beyond α per further peer the rank
+             exchanges with over the run (its threads and sockets contend): its α is
+             latency + peer_latency × (peers − 2), α being a ring's (two peers: the one it
+             sends to, the one it hears from); measured with a zero-byte mesh beside the
+             zero-byte ring that gives α.
     delay:   one-way seconds per link (netem's delay): a transfer also waits its path's delay.
     """
 
@@ -62,14 +67,15 @@ class Network:
     delay: float = 0.0
     mtu: int = 1500
     cores: int | None = None
+    peer_latency: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0:
             raise ValueError(f"link bandwidth must be positive, got {self.bandwidth}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must lie in (0, 1], got {self.efficiency}")
-        if self.latency < 0 or self.delay < 0:
-            raise ValueError("latency and delay must not be negative")
+        if self.latency < 0 or self.delay < 0 or self.peer_latency < 0:
+            raise ValueError("latency, peer_latency and delay must not be negative")
         if self.cores is not None and self.cores < 1:
             raise ValueError(f"cores must be at least 1, got {self.cores}")
 
@@ -80,7 +86,7 @@ class Network:
 
     @classmethod
     def from_links(cls, links, efficiency: float | None = None, latency: float = 0.0,
-                   cores: int | None = None, wire: str = "tcp") -> "Network":
+                   cores: int | None = None, wire: str = "tcp", peer_latency: float = 0.0) -> "Network":
         """From a lab's `links` (anything with bandwidth in bits/s, delay in seconds, mtu):
         efficiency by default from the MTU and the transport's `wire` (WIRES: tcp, roce)."""
         return cls(
@@ -90,4 +96,5 @@ class Network:
             delay=float(links.delay),
             mtu=int(links.mtu),
             cores=cores,
+            peer_latency=peer_latency,
         )

@@ -142,8 +142,8 @@ def predict_schedules(
         # the busiest link direction's bytes at its rate: what no schedule gets below; α's
         # share: what the time loses without it; waiting: the rest (dependencies, links idle)
         without = per_run
-        if network.latency > 0:
-            alone, in_a_row = model(dataclasses.replace(network, latency=0.0))
+        if network.latency > 0 or network.peer_latency > 0:
+            alone, in_a_row = model(dataclasses.replace(network, latency=0.0, peer_latency=0.0))
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
         bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
         parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}

@@ -79,6 +79,7 @@ def predict_lab(
     efficiency: float | None = None,
     latency: float = 0.0,
     cores: int | None = None,
+    peer_latency: float = 0.0,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     hosts: list | None = None,
 ) -> Report:
@@ -107,7 +108,7 @@ def predict_lab(
         check_mtu(placement, lab.links.mtu)
         routes = Routes(topology, underlay=placement.underlay(lab.links.mtu))
     try:
-        run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores), topology,
+        run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores, peer_latency=peer_latency), topology,
                                                   routes=routes)
         whole = compiled(None).schedules if partition_bytes else run.schedules
         form = closed_form(whole[0][1], topology) if whole else None

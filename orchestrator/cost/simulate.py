@@ -160,26 +160,56 @@ class Flow:
         return self.whole(limit)
 
 
-def _stretch(network: Network, step, itemsize: int) -> float:
+def peer_counts(schedules: Sequence[tuple[Partition, Schedule]]) -> dict[int, int]:
+    """Each rank's distinct peers over the run (those it sends to or receives from)."""
+    peers: dict[int, set[int]] = {}
+    for _, schedule in schedules:
+        for step in schedule.steps:
+            for t in step:
+                if t.src != t.dst:
+                    peers.setdefault(t.src, set()).add(t.dst)
+                    peers.setdefault(t.dst, set()).add(t.src)
+    return {rank: len(others) for rank, others in peers.items()}
+
+
+# Peers a rank's α holds: a ring's (the one it sends to, the one it hears from), on which α is
+# measured (experiment/calibrate.py)
+BASE_PEERS = 2
+
+
+def alphas(network: Network, schedules: Sequence[tuple[Partition, Schedule]]) -> dict[int, float]:
+    """Each rank's α: the network's, and `peer_latency` for every peer past BASE_PEERS."""
+    if network.peer_latency <= 0:
+        return {}
+    return {rank: network.latency + network.peer_latency * max(0, count - BASE_PEERS)
+            for rank, count in peer_counts(schedules).items()}
+
+
+def _stretch(network: Network, step, itemsize: int, alpha: dict[int, float] | None = None) -> float:
     """How much longer than α a message of `step` takes where its S senders share C cores
     (`network.cores`; None: a core per rank). Each sender needs m·α of CPU (its messages) and
     w for its busiest NIC's bytes; the CPU work overlaps the bytes, so the step takes
     max(m·α + w, S·m·α / C): the CPU is the bound only when all of it cannot fit beside the
-    bytes. As a stretch of α: max(1, S/C − w / (m·α)). A zero-byte ring of 9 on 2 cores: 4.5;
-    a 4 MiB one: 1 (its CPU hides behind the bytes: 4 MiB rings and meshes on 9 servers ran
-    at 0.90 × a model that stretched α by S/C whatever the bytes)."""
+    bytes. A sender's last message leaves at m·α·stretch and its bytes (w/m) follow, the
+    others' bytes having gone meanwhile; so, as a stretch of α: max(1, S/C − w / (m²·α)). A
+    zero-byte ring of 9 on 2 cores: 4.5; a 4 MiB one: 1 (its CPU hides behind the bytes: 4 MiB
+    rings and meshes on 9 servers ran at 0.90 × a model that stretched α by S/C whatever the
+    bytes). A 64 KiB mesh of 8 takes what a zero-byte one does (11.2 and 11.4 ms measured): its
+    CPU does not hide behind its bytes, and w / (m·α) took 6/7 of its bytes' time off it."""
     cores = network.cores
     senders = {t.src for t in step}
-    if not cores or len(senders) <= cores or network.latency <= 0:
+    if not cores or len(senders) <= cores or (network.latency <= 0 and not alpha):
         return 1.0
     messages: dict[int, int] = {}
     nic_bytes: dict[tuple, int] = {}
     for t in step:
         messages[t.src] = messages.get(t.src, 0) + 1
         nic_bytes[(t.src, t.nic)] = nic_bytes.get((t.src, t.nic), 0) + (t.end - t.offset) * itemsize
-    cpu = max(messages.values()) * network.latency
+    cpu, count = max((m * (alpha or {}).get(rank, network.latency), m) for rank, m in messages.items())
+    if cpu <= 0:
+        return 1.0
     wire = max(nic_bytes.values()) / network.payload_rate
-    return max(1.0, len(senders) / cores - wire / cpu)
+    return max(1.0, len(senders) / cores - wire / (count * cpu))
 
 
 def _reach(flow: Flow, offset: int, memo: dict, depth: int = 0) -> float:
@@ -273,6 +303,7 @@ class _Run:
         self.buffer = float(receive_buffer_bytes)
         self.send_buffer = float(send_buffer_bytes)
         self.flows: list[Flow] = []
+        self.alpha = alphas(network, schedules)  # rank → its α, when peers cost (else network.latency)
         self.connections: dict[tuple[int, object], int] = {}  # (rank, peer address) → index
         self.usage: list = []
         # by flow index: the later flows that read its `applied` (their send_after and
@@ -337,11 +368,12 @@ class _Run:
         written: dict[int, Ranges] = {}  # rank → sends by range since its latest receive there
         for step_no, step in enumerate(schedule.steps):
             flows = []
-            alpha = network.latency * _stretch(network, step, itemsize)
+            stretch = _stretch(network, step, itemsize, self.alpha)
             earlier: dict[int, int] = {}  # rank → its messages earlier in this step
             for t in step:
                 position = earlier.get(t.src, 0)
                 earlier[t.src] = position + 1
+                alpha = self.alpha.get(t.src, network.latency) * stretch
                 usage, hops = routes.usage(nodes[t.src], nodes[t.dst], t.nic)
                 key = (t.src, routes.address(nodes[t.dst], t.nic))
                 connection = self.connections.setdefault(key, len(self.connections))

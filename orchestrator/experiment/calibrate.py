@@ -182,6 +182,12 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                     raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
                 checked[name] = float(value)
+            for name in ("peer_s", "mesh_s"):  # files kept before they were measured have none
+                if name in values:
+                    value = values[name]
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
+                        raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
+                    checked[name] = float(value)
             cores = values.get("cores")
             if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= MAX_CORES:
                 raise ValueError(f"{where}.cores: expected a count of cores from 1 to {MAX_CORES}, got {cores!r}"[:300])
@@ -203,11 +209,12 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
 class Latency(NamedTuple):
     alpha: float  # seconds per message (cost.Network.latency)
     cores: int  # the cores the agents shared when it was measured (cost.Network.cores)
+    peer: float = 0.0  # seconds more per message for each further peer (cost.Network.peer_latency)
 
     @classmethod
     def of(cls, measured: dict) -> "Latency":
         """From what measure_latency returns and latency.json keeps."""
-        return cls(measured["alpha_s"], int(measured["cores"]))
+        return cls(measured["alpha_s"], int(measured["cores"]), measured.get("peer_s", 0.0))
 
 
 def agents_fingerprint() -> str:
@@ -234,12 +241,12 @@ def _agent_code() -> bytes:
 def trusted(measured: dict) -> bool:
     """Was this α measured by these agents, with the CPU to spare? One measured by other
     agents (an upgrade, a checkout without the native data path: `agents_fingerprint`), or
-    kept before that was recorded, is measured again. On a busy machine the agents wait for
-    a core, that wait is fitted as latency, and it was kept and reused by every later run on
-    the lab (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured
+    kept before that was recorded (or before the per-peer cost was), is measured again. On a
+    busy machine the agents wait for a core, that wait is fitted as latency, and it was kept
+    and reused by every later run on the lab (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured
     on a quiet machine): one measured with less than the verdict's idle share (MIN_IDLE) is
     measured again too; one kept before the share was recorded is taken as it is."""
-    return measured.get("agents") == agents_fingerprint() and _quiet(measured)
+    return measured.get("agents") == agents_fingerprint() and _quiet(measured) and "peer_s" in measured
 
 
 def _quiet(measured: dict) -> bool:
@@ -286,6 +293,7 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     from orchestrator.cost import Network
     from orchestrator.cost.latency import fit_alpha
     from orchestrator.cost.predict import predict_schedules
+    from orchestrator.cost.simulate import BASE_PEERS
     from orchestrator.agent import transports
     from orchestrator.agent.plan import chunk_bytes
     from orchestrator.collectives import registry
@@ -301,22 +309,25 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     send_buffer = transports.get(transport).send_buffer
     cores = os.cpu_count() or 1
 
-    def timed(eps: list) -> tuple[float, float]:
+    def timed(eps: list, algorithm: str = "ring", alpha: float | None = None) -> tuple[float, float]:
+        """A zero-byte `algorithm` over `eps`, back to back: its mean time, and α fitted to
+        it (or, given α, the per-peer cost fitted beside it)."""
         eps = [dataclasses.replace(e, rank=i, role="worker") for i, e in enumerate(eps)]
         nodes = tuple(e.node for e in eps)
         elements = LATENCY_ELEMENTS_PER_RANK * len(eps)
         ctx = Context(len(eps), lab.topology, nodes, {})
-        schedules = registry.schedules("ring", ctx, elements, partitions([elements], None))
+        schedules = registry.schedules(algorithm, ctx, elements, partitions([elements], None))
         chunk = chunk_bytes(schedules, transport=transport)
 
-        def model(alpha: float) -> float:
-            network = dataclasses.replace(links, latency=alpha, cores=cores)
+        def model(value: float) -> float:
+            costs = {"latency": value} if alpha is None else {"latency": alpha, "peer_latency": value}
+            network = dataclasses.replace(links, cores=cores, **costs)
             return predict_schedules(lab.topology, schedules, list(nodes), network, chunk,
                                      send_buffer_bytes=send_buffer).per_run
 
         low, high = LATENCY_TIMED
         repeat = max(low, min(high, int(LATENCY_SECONDS / max(model(_GUESSED_ALPHA), 1e-6))))
-        result = driver.run(eps, "ring", [elements], workloads.back_to_back([elements]),
+        result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),
                             iterations=LATENCY_WARMUP + repeat, ctx=ctx, network=links,
                             flow_paths=lab_agents.flow_paths(lab, transport), transport=transport)
         sync = sync_times(result.records())[LATENCY_WARMUP:]
@@ -326,9 +337,14 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     before = _cpu()
     alpha, allreduce = timed(list(endpoints))
     pingpong, _ = timed(list(endpoints[:2]))
+    # a mesh: every rank's messages to all the others in one step, each rank holding a
+    # connection to every other; what its messages cost beyond the ring's α is per peer past
+    # a ring's two (cost/simulate.py BASE_PEERS: with 3 servers a mesh has no more)
+    peer, mesh = timed(list(endpoints), "mesh", alpha) if len(endpoints) > BASE_PEERS + 1 else (0.0, 0.0)
     share = idle_share(before, _cpu())
-    return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "cores": cores,
-            "cpu_idle_share": round(share, 4) if share is not None else 1.0, "agents": agents_fingerprint()}
+    return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "peer_s": peer, "mesh_s": mesh,
+            "cores": cores, "cpu_idle_share": round(share, 4) if share is not None else 1.0,
+            "agents": agents_fingerprint()}
 
 
 def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:
@@ -343,9 +359,12 @@ def describe_latency(measured: dict[str, float]) -> str:
     idle = measured.get("cpu_idle_share")
     cpu = "" if idle is None else f"; CPU {idle:.0%} idle" + (
         "" if _quiet(measured) else ": too busy to keep trusting it, measured again next time")
+    peer = "" if "peer_s" not in measured else (
+        f", and {measured['peer_s'] * 1e6:,.0f} µs more per further peer (fitted to a zero-byte mesh of "
+        f"{measured.get('mesh_s', 0.0) * 1e3:.2f} ms)")
     return (f"{measured['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {measured['cores']} cores "
             f"(fitted to a zero-byte ring of {measured['allreduce_s'] * 1e3:.2f} ms; a ping-pong between two "
-            f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs{cpu})")
+            f"servers says {measured['pingpong_s'] * 1e6:,.0f} µs){peer}{cpu}")
 
 
 def measure_lab_latency(argument: str, transports: list[str], progress: Callable[[str], None] = lambda _: None) -> str:

@@ -215,7 +215,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
     try:
         network = Network.from_links(point.lab.links, latency=latency.alpha if latency else 0.0,
                                      cores=latency.cores if latency else None,
-                                     wire=transports.get(spec.agents.transport).wire)
+                                     wire=transports.get(spec.agents.transport).wire,
+                                     peer_latency=latency.peer if latency else 0.0)
         try:
             drawn = workloads.drawn_compute(point.workload, len(ranks.workers), iterations)
         except ValueError as exc:

@@ -226,6 +226,7 @@ class _Predicted(_Model):
     seconds: Number = None
     planned_seconds: Number = None
     latency_s: Number = None
+    peer_latency_s: Number = None
     parts: Optional[_Parts] = None
     compute: Optional[str] = None
 

@@ -71,7 +71,8 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
                       "algbw_bytes_per_s": prediction.algbw,
                       "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes,
-                      "latency_s": prediction.network.latency, "cores": prediction.network.cores,
+                      "latency_s": prediction.network.latency, "peer_latency_s": prediction.network.peer_latency,
+                      "cores": prediction.network.cores,
                       "parts": prediction.parts},
         "fault_events": [],
     }

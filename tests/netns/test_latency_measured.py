@@ -37,11 +37,13 @@ def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path,
     assert "measuring α over tcp" in done.stderr
     kept = json.loads((state / "latency.json").read_text())["labs"]["bcube-2-1 netns"]["tcp"]
     assert 0 < kept["pingpong_s"] and 0 < kept["alpha_s"] < 0.1 and kept["allreduce_s"] > 6 * kept["alpha_s"] * 0.5
+    assert 0 <= kept["peer_s"] < 0.1 and kept["mesh_s"] > 0  # a zero-byte mesh of the lab's 4 servers
     results = json.loads((out / "results.json").read_text())
     for point in results["points"]:
         assert point["status"] == "done" and point["checker"]["clean"] is True, point["id"]
         predicted = point["predicted"]
         assert predicted["latency_s"] == kept["alpha_s"] and predicted["cores"] == kept["cores"] == os.cpu_count()
+        assert predicted["peer_latency_s"] == kept["peer_s"]
         parts = predicted["parts"]  # where the model puts the time: a share of it α here
         print(point["id"], "α", kept["alpha_s"], "parts", parts)
         # the α measured is in it: every algorithm here has at least two steps, each paying α
@@ -54,5 +56,5 @@ def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path,
     again = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--dry-run"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message, the agents sharing {kept['cores']} cores, as measured " \
-        "on it" in again.stdout
+    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message and {kept['peer_s'] * 1e6:,.0f} µs more per further peer, " \
+        f"the agents sharing {kept['cores']} cores, as measured on it" in again.stdout

@@ -25,7 +25,8 @@ from orchestrator.spec import lab_from_argument
 from orchestrator.spec.experiment import load_experiment
 from tests.unit.conftest import make_topology
 
-MEASURED = {"alpha_s": 0.0015, "pingpong_s": 0.001, "allreduce_s": 0.009, "cores": 2}
+MEASURED = {"alpha_s": 0.0015, "pingpong_s": 0.001, "allreduce_s": 0.009, "peer_s": 0.0002, "mesh_s": 0.02,
+            "cores": 2}
 
 
 @pytest.fixture
@@ -65,6 +66,22 @@ def test_more_senders_than_cores_stretch_alpha_where_their_cpu_cannot_hide_behin
             assert run.seconds == pytest.approx(elements * 4 / 1000 + lead), (elements, cores)
 
 
+def test_senders_of_several_messages_each_on_too_few_cores_end_when_their_cpu_does():
+    # by hand: 3 senders, 2 messages of 40 B each to ranks of their own, α = 0.1 s, one core,
+    # 1000 B/s. The CPU bounds the step: S·m·α / C = 0.6 s (beside m·α + w = 0.28). α
+    # stretches by 3 − 0.08 / (2²·0.1) = 2.8: the second message leaves at 0.56 and its 40 B
+    # end at 0.60. (Stretching by 3 − w / (m·α) = 2.6 ended it at 0.56, taking the first
+    # message's bytes off a step they do not shorten.)
+    star = make_topology("star", servers=9)
+    schedule = Schedule("by-hand", 9, 60)
+    schedule.add_step([Transfer(src, dst, 10 * i, 10, "reduce")
+                       for i, (src, dst) in enumerate(((0, 1), (0, 2), (3, 4), (3, 5), (6, 7), (6, 8)))])
+    run = simulate(Routes(star), [(Partition(0, 60, 0), schedule)], [s.name for s in star.servers],
+                   Network(8000, efficiency=1.0, latency=0.1, cores=1), 2**30)
+    assert sorted({round(f.lead, 9) for f in run.flows}) == pytest.approx([0.28, 0.56])
+    assert run.seconds == pytest.approx(0.6)
+
+
 def test_a_zero_byte_ring_of_n_on_c_cores_pays_n_over_c_alpha_a_step():
     # every rank sends one message a step: n messages over c cores; with a core each, α
     star = make_topology("star", servers=8)
@@ -100,9 +117,9 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
     assert all(p.prediction.network.latency == 0 for p in without)
     where = calibrate.save_latency(lab, "tcp", MEASURED)
     assert where == state / "latency.json"
-    assert calibrate.latency_for(lab, "tcp") == (0.0015, 2) and calibrate.latency_for(lab, "grpc") is None
+    assert calibrate.latency_for(lab, "tcp") == (0.0015, 2, 0.0002) and calibrate.latency_for(lab, "grpc") is None
     docker = lab.model_copy(update={"servers": lab.servers.model_copy(update={"runtime": "docker"})})
-    assert calibrate.latency_for(docker, "tcp") == (0.0015, 2)  # the same topology under the other runtime
+    assert calibrate.latency_for(docker, "tcp") == (0.0015, 2, 0.0002)  # the same topology under the other runtime
     other = lab_from_argument("star,4", **{"servers.runtime": "netns"})
     assert calibrate.latency_for(other, "tcp") is None
     with_alpha = make_plan(spec).points
@@ -124,11 +141,11 @@ def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
     assert calibrate.latency_for(docker, "tcp") is None  # nor borrowed by the other runtime
     assert "too busy" in calibrate.describe_latency({**MEASURED, "cpu_idle_share": 0.05})
     calibrate.save_latency(docker, "tcp", {**MEASURED, "alpha_s": 0.0004, "cpu_idle_share": 0.6})
-    assert calibrate.latency_for(netns, "tcp") == (0.0004, 2)  # the quiet one, borrowed
+    assert calibrate.latency_for(netns, "tcp") == (0.0004, 2, 0.0002)  # the quiet one, borrowed
     calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.2})
-    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2)
+    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2, 0.0002)
     calibrate.save_latency(netns, "tcp", MEASURED)  # kept before the share was recorded
-    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2)
+    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2, 0.0002)
     assert "busy" not in calibrate.describe_latency({**MEASURED, "cpu_idle_share": 0.6})
 
 
@@ -144,6 +161,10 @@ def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
      '"cpu_idle_share": 1.5}}}}', "cpu_idle_share"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2, '
      '"cpu_idle_share": "0.5"}}}}', "cpu_idle_share"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "peer_s": -0.1, '
+     '"cores": 2}}}}', "peer_s"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "mesh_s": true, '
+     '"cores": 2}}}}', "mesh_s"),
     ('{"labs": {"star-4 netns": {"tcp": 3}}}', "star-4 netns.tcp"),
     ('{"labs": []}', "labs"),
     ("[1, 2", "unreadable"),
@@ -302,7 +323,7 @@ def test_an_alpha_kept_by_other_agents_is_measured_again(state, monkeypatch):
     lab = lab_from_argument("bcube,2,1", **{"servers.runtime": "netns"})
     calibrate.save_latency(lab, "tcp", MEASURED)
     kept = json_lib.loads((state / "latency.json").read_text())["labs"]["bcube-2-1 netns"]["tcp"]
-    assert kept["agents"] == calibrate.agents_fingerprint() and calibrate.latency_for(lab, "tcp") == (0.0015, 2)
+    assert kept["agents"] == calibrate.agents_fingerprint() and calibrate.latency_for(lab, "tcp") == (0.0015, 2, 0.0002)
     prints = set()
     for native_in_use in (True, False):
         monkeypatch.setattr(native, "available", lambda: native_in_use)
@@ -313,3 +334,33 @@ def test_an_alpha_kept_by_other_agents_is_measured_again(state, monkeypatch):
     assert calibrate.latency_for(lab, "tcp") is None
     (state / "latency.json").write_text(json_lib.dumps({"labs": {"bcube-2-1 netns": {"tcp": MEASURED}}}))
     assert calibrate.latency_for(lab, "tcp") is None  # kept before the agents were recorded
+    without_peers = {k: v for k, v in MEASURED.items() if k not in ("peer_s", "mesh_s")}
+    calibrate.save_latency(lab, "tcp", without_peers)
+    assert calibrate.latency_for(lab, "tcp") is None  # kept before the per-peer cost was measured
+
+
+def test_each_further_peer_adds_its_cost_to_a_ranks_messages():
+    # by hand: a mesh of 3 (each rank sends to both others in one step), then rank 3 sends to
+    # rank 0: rank 0 has 3 peers (1, 2, 3), ranks 1 and 2 have 2, rank 3 has 1. α (a ring's:
+    # two peers) = 0.1 s and 0.05 s per further peer: rank 0's α is 0.15, the others' 0.1; a
+    # rank's j-th message of a step waits (j + 1)·α
+    star = make_topology("star", servers=4)
+    schedule = Schedule("by-hand", 4, 40)
+    schedule.add_step([Transfer(0, 1, 0, 10, "reduce"), Transfer(0, 2, 10, 10, "reduce"),
+                       Transfer(1, 0, 20, 10, "reduce"), Transfer(1, 2, 30, 10, "reduce"),
+                       Transfer(2, 0, 0, 10, "reduce"), Transfer(2, 1, 10, 10, "reduce")])
+    schedule.add_step([Transfer(3, 0, 20, 10, "reduce")])
+    nodes = [s.name for s in star.servers]
+    parts = [(Partition(0, 40, 0), schedule)]
+    run = simulate(Routes(star), parts, nodes, Network(8e6, efficiency=1.0, latency=0.1, peer_latency=0.05), 2**30)
+    leads = {(f.src, f.dst): f.lead for f in run.flows}
+    assert leads == pytest.approx({(0, 1): 0.15, (0, 2): 0.3, (1, 0): 0.1, (1, 2): 0.2, (2, 0): 0.1,
+                                   (2, 1): 0.2, (3, 0): 0.1})
+    flat = simulate(Routes(star), parts, nodes, Network(8e6, efficiency=1.0, latency=0.1), 2**30)
+    assert {(f.src, f.dst): f.lead for f in flat.flows} == pytest.approx(
+        {(0, 1): 0.1, (0, 2): 0.2, (1, 0): 0.1, (1, 2): 0.2, (2, 0): 0.1, (2, 1): 0.2, (3, 0): 0.1})
+    # and the prediction's latency part holds both costs: without either, it is the bytes'
+    with_peers = predict_schedules(star, parts, nodes, Network(8e6, efficiency=1.0, latency=0.1, peer_latency=0.05),
+                                   2**30, attribute=True)
+    assert with_peers.parts["latency"] > predict_schedules(star, parts, nodes, Network(8e6, efficiency=1.0,
+                                                           latency=0.1), 2**30, attribute=True).parts["latency"]
