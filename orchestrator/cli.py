@@ -758,7 +758,8 @@ def predict(
     cpu = _cpu_need(report.prediction, spec, transport) if hosts is None else None  # this machine's: not a split's
     if as_json:
         document = report.to_json()
-        document["latency"] = {"alpha_s": alpha, "peer_s": peer, "cores": cores, "source": "given" if latency != "measured" else
+        document["latency"] = {"alpha_s": alpha, "peer_s": peer, "cores": cores,
+                               "source": "given" if latency != "measured" else
                                "measured on this lab" if note is None else note}
         if cpu is not None and not isinstance(cpu, str):
             document["cpu"] = {"cores": cpu.cores, "available_cores": cpu.available, "fits": cpu.fits,

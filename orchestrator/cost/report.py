@@ -108,8 +108,8 @@ def predict_lab(
         check_mtu(placement, lab.links.mtu)
         routes = Routes(topology, underlay=placement.underlay(lab.links.mtu))
     try:
-        run = compiled(partition_bytes).predicted(Network.from_links(lab.links, efficiency, latency, cores, peer_latency=peer_latency), topology,
-                                                  routes=routes)
+        network = Network.from_links(lab.links, efficiency, latency, cores, peer_latency=peer_latency)
+        run = compiled(partition_bytes).predicted(network, topology, routes=routes)
         whole = compiled(None).schedules if partition_bytes else run.schedules
         form = closed_form(whole[0][1], topology) if whole else None
     except (ValueError, TypeError) as exc:  # options, the work budget (registry, simulate), too few servers

@@ -77,7 +77,7 @@ def super_packet_bytes(smallest_transfer: int, largest: int) -> int:
     size = largest
     while size > LEGACY_GSO_BYTES and size * SUPER_PACKETS_PER_TRANSFER > smallest_transfer:
         size //= 2
-    return max(min(size, largest), min(LEGACY_GSO_BYTES, largest))
+    return max(size, min(LEGACY_GSO_BYTES, largest))
 
 
 class Lab:

@@ -177,17 +177,13 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
             if not isinstance(values, dict):
                 raise ValueError(f"{where}: expected an object")
             checked = {}
-            for name in ("alpha_s", "pingpong_s", "allreduce_s"):
+            for name in ("alpha_s", "pingpong_s", "allreduce_s", "peer_s", "mesh_s"):
+                if name in ("peer_s", "mesh_s") and name not in values:  # files kept before they were measured
+                    continue
                 value = values.get(name)
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                     raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
                 checked[name] = float(value)
-            for name in ("peer_s", "mesh_s"):  # files kept before they were measured have none
-                if name in values:
-                    value = values[name]
-                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
-                        raise ValueError(f"{where}.{name}: expected seconds between 0 and 10, got {value!r}"[:300])
-                    checked[name] = float(value)
             cores = values.get("cores")
             if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= MAX_CORES:
                 raise ValueError(f"{where}.cores: expected a count of cores from 1 to {MAX_CORES}, got {cores!r}"[:300])
@@ -243,8 +239,8 @@ def trusted(measured: dict) -> bool:
     agents (an upgrade, a checkout without the native data path: `agents_fingerprint`), or
     kept before that was recorded (or before the per-peer cost was), is measured again. On a
     busy machine the agents wait for a core, that wait is fitted as latency, and it was kept
-    and reused by every later run on the lab (bcube,2,1 had 451 µs kept, from a moment nothing recorded; 209-275 µs measured
-    on a quiet machine): one measured with less than the verdict's idle share (MIN_IDLE) is
+    and reused by every later run on the lab (bcube,2,1 had 451 µs kept, from a moment
+    nothing recorded; 209-275 µs measured on a quiet machine): one measured with less than the verdict's idle share (MIN_IDLE) is
     measured again too; one kept before the share was recorded is taken as it is."""
     return measured.get("agents") == agents_fingerprint() and _quiet(measured) and "peer_s" in measured
 
