@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The cost model on 1,024-server labs (issue 31 item 6): ring, HiPS and halving-doubling
-predicted within 10 s and 1 GiB each.
+predicted within 10 s and 1 GiB each; and, where the event simulation also runs (16 to 128
+servers), how far the step-level model it takes past its budget is from it.
 
-    .venv/bin/python bench/model_scale.py [--repeat 3] [--size 25MB] [--json] [CASE ...]
+    .venv/bin/python bench/model_scale.py [--repeat 3] [--size 25MB] [--json] [--no-agreement] [CASE ...]
 
 A CASE is LAB:ALGORITHM (e.g. fattree,16:ring); default: every case below. Each run is one
 child process that builds the lab, predicts (`cost.report.predict_lab`, the library entry of
@@ -41,13 +42,55 @@ lab, algorithm, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 try:
     report = predict_lab(lab_from_argument(lab), algorithm, size)
     outcome = {"seconds_predicted": report.prediction.seconds, "workers": report.prediction.workers,
-               "events": report.prediction.events, "form": report.form_seconds}
+               "events": report.prediction.events, "form": report.form_seconds, "model": report.prediction.model}
 except BadUsage as exc:
     outcome = {"refused": str(exc)}
 outcome["wall"] = time.perf_counter() - start
 outcome["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(outcome))
 """
+
+
+# Where both models run: the step-level model's time against the event simulation's, with α
+# (100 µs, 20 µs more per peer past two) and the agents sharing 2 cores, as on this machine
+AGREEMENT = [
+    ("star,8", "ring"), ("fattree,4", "ring"), ("bcube,8,1", "ring"), ("torus,8,2", "ring"), ("fattree,8", "ring"),
+    ("bcube,4,1", "hips"), ("torus,4,2", "hips"), ("torus,8,2", "hips"), ("bcube,3,2", "hips"),
+    ("star,8", "halving-doubling"), ("bcube,3,1", "halving-doubling"), ("fattree,4", "halving-doubling"),
+    ("bcube,8,1", "halving-doubling"), ("torus,8,2", "halving-doubling"), ("fattree,8", "halving-doubling"),
+]
+AGREEMENT_SIZES = (64 << 10, 4 << 20, 25 << 20)
+
+AGREE_CHILD = r"""
+import json, sys
+from orchestrator.cost.compiled import over_servers
+from orchestrator.cost.network import Network
+from orchestrator.cost.routes import Routes
+from orchestrator.cost.simulate import ModelTooLarge, simulate
+from orchestrator.cost.stepwise import stepwise
+from orchestrator.spec import lab_from_argument
+from orchestrator.topology import from_lab
+lab, algorithm, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spec = lab_from_argument(lab)
+topology = from_lab(spec)
+run = over_servers(topology, algorithm, size)
+network = Network.from_links(spec.links, None, 100e-6, 2, peer_latency=20e-6)
+routes = Routes(topology)
+steps = stepwise(routes, run.schedules, list(run.nodes), network, run.chunk_bytes).seconds
+try:
+    event = simulate(routes, run.schedules, list(run.nodes), network, run.chunk_bytes).seconds
+except ModelTooLarge:
+    event = None
+print(json.dumps({"steps": steps, "event": event}))
+"""
+
+
+def agreement(lab: str, algorithm: str, size: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", AGREE_CHILD, lab, algorithm, str(size)], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_once(lab: str, algorithm: str, size: int) -> dict:
@@ -79,6 +122,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest is kept")
     parser.add_argument("--size", default="25MB", help="gradient size (default 25MB)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--no-agreement", action="store_true", help="leave out the step-level model's agreement")
     args = parser.parse_args()
     cases = [tuple(case.split(":", 1)) for case in args.cases] or CASES
     size = parse_size(args.size)
@@ -88,8 +132,30 @@ def main() -> None:
         results.append(result)
         if not args.json:
             print(line(result), flush=True)
+    agreed = []
+    if not args.no_agreement and not args.cases:
+        if not args.json:
+            print("\nstep-level model / event simulation where both run (α 100 µs, 20 µs per peer past two, 2 cores):")
+        for lab, algorithm in AGREEMENT:
+            for each in AGREEMENT_SIZES:
+                row = {"lab": lab, "algorithm": algorithm, "size": each, **agreement(lab, algorithm, each)}
+                agreed.append(row)
+                if not args.json:
+                    print(agreement_line(row), flush=True)
+        ratios = [row["steps"] / row["event"] for row in agreed if row.get("event")]
+        if not args.json and ratios:
+            print(f"{len(ratios)} cases: step / event from {min(ratios):.3f} to {max(ratios):.3f}")
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({"cases": results, "agreement": agreed}, indent=1))
+
+
+def agreement_line(row: dict) -> str:
+    head = f"  {row['lab']:<11} {row['algorithm']:<17} {row['size'] / 2**20:8.4g} MiB"
+    if "error" in row:
+        return f"{head}  error: {row['error']}"
+    if row["event"] is None:
+        return f"{head}  steps {row['steps']:.6g} s; the event simulation is past its budget"
+    return f"{head}  steps {row['steps']:.6g} s  event {row['event']:.6g} s  step / event {row['steps'] / row['event']:.3f}"
 
 
 def line(result: dict) -> str:
@@ -98,8 +164,8 @@ def line(result: dict) -> str:
            f"{rss / 2**20:7.0f} MiB ({rss / GOAL_BYTES:5.2f} of 1 GiB)"
     if "refused" in result:
         return f"{head}  refused: {result['refused']}"
-    return f"{head}  {result['workers']} workers, {result['seconds_predicted']:.6g} s predicted, " \
-           f"{result['events']} events"
+    return f"{head}  {result['workers']} workers, {result['seconds_predicted']:.6g} s predicted " \
+           f"({result.get('model', 'event')} model, {result['events']} {'steps' if result.get('model') == 'steps' else 'events'})"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ from orchestrator.collectives.table import ALGORITHMS, Algorithm, Builder, Estim
 # transfers, took 1.3 GB and 59 s), and a message stream in the agents: 60,000 keep a
 # prediction within 1 GiB and ~30 s on this project's 2-core machines.
 MAX_TRANSFERS = 60_000
+# Transfers one allreduce may hold when it is only predicted (`testbed predict`): the
+# step-level model (cost/stepwise.py) keeps ~250 B per transfer with its schedule, so a ring
+# over 1,024 servers (2,095,104) predicts in ~5 s and ~0.5 GB; past it a plan is refused
+PREDICTION_TRANSFERS = 2_200_000
 
 
 def get(name: str) -> Algorithm:
@@ -78,20 +82,23 @@ def _built(algorithm: Algorithm, ctx: Context, size: int, part: Partition) -> Sc
     return schedule
 
 
-def schedules(name: str, ctx: Context, size: int, parts: list[Partition],
-              limit: int = MAX_TRANSFERS) -> list[tuple[Partition, Schedule]]:
+def schedules(name: str, ctx: Context, size: int, parts: list[Partition], limit: int = MAX_TRANSFERS,
+              holder: str = "run") -> list[tuple[Partition, Schedule]]:
     """One schedule per partition, in priority order, after the options and the transfer
-    budget are checked (ValueError, saying the figure and the limit, before building)."""
+    budget are checked (ValueError, saying the figure and the limit, before building).
+    `holder`: what the limit is for, as the refusal names it ("run", "prediction")."""
     algorithm = get(name)
     ctx = replace(ctx, options=algorithm.check_options(ctx.options))
     bound = estimate(name, ctx, parts)
     if bound is not None and bound > limit:
         split = f" in {len(parts):,} partitions" if len(parts) > 1 else ""
-        raise TooManyTransfers(name, f"over {ctx.workers} workers{split} is {bound:,} transfers per allreduce", limit)
+        raise TooManyTransfers(name, f"over {ctx.workers} workers{split} is {bound:,} transfers per allreduce", limit,
+                               holder)
     with transfer_budget(limit, name):
         built = [(part, _built(algorithm, ctx, size, part)) for part in parts]
     held = sum(len(step) for _, schedule in built for step in schedule.steps)
     if held > limit:
-        raise TooManyTransfers(name, f"over {ctx.workers} workers holds {held:,} transfers per allreduce", limit)
+        raise TooManyTransfers(name, f"over {ctx.workers} workers holds {held:,} transfers per allreduce", limit,
+                               holder)
     return built
 

@@ -51,8 +51,8 @@ class Transfer:
 class TooManyTransfers(ValueError):
     """A plan beyond the transfer budget (registry.MAX_TRANSFERS): figure and limit said."""
 
-    def __init__(self, algorithm: str, what: str, limit: int) -> None:
-        super().__init__(f"{algorithm} {what}, more than the {limit:,} one run may hold: use fewer servers, larger "
+    def __init__(self, algorithm: str, what: str, limit: int, holder: str = "run") -> None:
+        super().__init__(f"{algorithm} {what}, more than the {limit:,} one {holder} may hold: use fewer servers, larger "
                          "partitions or another algorithm")
 
 

@@ -90,15 +90,19 @@ def smallest_transfer_bytes(schedules: Schedules, itemsize: int = 4) -> int:
 def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Partition], *,
                 nodes: Sequence[str] | Callable[[int], Sequence[str]], given: Collection[int] | None = None,
                 credit_bytes: int = 0, chunk_bytes: int | Callable[[Schedules, int], int] | None = None,
-                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES) -> CompiledRun:
+                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+                prediction_only: bool = False) -> CompiledRun:
     """The schedules of `algorithm` over `ctx` for `elements` gradient elements in `parts`.
 
     `nodes`: the server of every rank (or a function of the rank count that gives them).
     `given`: the ranks that have an agent (default: as many as the schedules need, up to the
     nodes there are). `chunk_bytes`: the agents' message size, or a function of (schedules,
-    credit_bytes) giving it (the agents': agent.plan.chunk_bytes). ValueError from the
-    algorithm; collectives.schedule.RankMismatch when the ranks do not fit."""
-    schedules = registry.schedules(algorithm, ctx, elements, parts)
+    credit_bytes) giving it (the agents': agent.plan.chunk_bytes). `prediction_only`: the
+    run is only predicted, never run, so it may hold registry.PREDICTION_TRANSFERS transfers
+    (the step-level model's budget), not MAX_TRANSFERS (the agents'). ValueError from the algorithm;
+    collectives.schedule.RankMismatch when the ranks do not fit."""
+    schedules = registry.schedules(algorithm, ctx, elements, parts, *(
+        (registry.PREDICTION_TRANSFERS, "prediction") if prediction_only else ()))
     wanted = schedules[0][1].ranks if schedules else len(given or ())
     placed = list(nodes(wanted) if callable(nodes) else nodes)
     given = set(range(min(wanted, len(placed))) if given is None else given)
@@ -114,7 +118,7 @@ def over_servers(topology: Topology, algorithm: str, size_bytes: int, workers: i
                  **compiling) -> CompiledRun:
     """The run the driver would compile over `topology`'s servers: workers first, in server
     order, then parameter servers. `compiling`: compile_run's credit_bytes, chunk_bytes and
-    send_buffer_bytes. ValueError for an unknown algorithm, options it refuses, or too few
+    send_buffer_bytes, prediction_only. ValueError for an unknown algorithm, options it refuses, or too few
     servers."""
     servers = [s.name for s in topology.servers]
     workers = len(servers) if workers is None else workers

@@ -18,6 +18,7 @@ from orchestrator.cost.simulate import (
     ModelTooLarge,
     simulate,
 )
+from orchestrator.cost.stepwise import stepwise
 from orchestrator.topology import Topology
 from orchestrator.topology.model import L2_TREE_ENTRIES
 
@@ -45,6 +46,9 @@ class Prediction:
     back_to_back: float | None = None
     # per_run split by cause (`attribute`): {"bandwidth", "latency", "waiting"} seconds
     parts: dict[str, float] | None = None
+    # which model gave it: "event" (simulate.py) or "steps" (stepwise.py: a plan past the
+    # event simulation's budget)
+    model: str = "event"
 
     @property
     def per_run(self) -> float:
@@ -87,6 +91,7 @@ class Prediction:
             "bottlenecks": [asdict(load) for load in self.bottlenecks()],
             "link_bytes": self.link_bytes,
             "parts": self.parts,
+            "model": self.model,
         }
 
 
@@ -111,8 +116,15 @@ def predict_schedules(
     cause (Prediction.parts), which takes the model a second time when α is not 0.
     `compute`: stragglers' seconds of compute per [iteration][worker] (spec/compute.py): the
     time per synchronisation is then the run's own, iterations `warmup` on (`_stragglers`),
-    and parts["skew"] what the skew adds to it."""
-    check_path_work(topology, schedules)
+    and parts["skew"] what the skew adds to it.
+
+    Plans past the event simulation's budget (more than EVENT_TRANSFERS transfers or
+    MAX_PATH_WORK path-search steps, or ModelTooLarge) take the step-level model (`stepwise`): one allreduce, no stragglers."""
+    work = path_work(topology, schedules)
+    if sum(len(step) for _, schedule in schedules for step in schedule.steps) > EVENT_TRANSFERS \
+            or work[0] > MAX_PATH_WORK:
+        return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
+                         attribute, work)
     routes = routes or Routes(topology)
     buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
 
@@ -128,7 +140,11 @@ def predict_schedules(
                 pass
         return run, back_to_back
 
-    run, back_to_back = model(network)
+    try:
+        run, back_to_back = model(network)
+    except ModelTooLarge:
+        return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
+                         attribute)
     capacities = routes.capacities(network)
     per_run = back_to_back if back_to_back is not None else run.seconds
     skew = None
@@ -149,15 +165,49 @@ def predict_schedules(
         parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
         if skew is not None:
             parts["skew"] = skew
+    return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.events, back_to_back,
+                       parts)
+
+
+def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds: float, link_bytes: list[float],
+                itemsize: int, events: int, back_to_back: float | None, parts: dict | None,
+                model: str = "event") -> Prediction:
+    capacities = routes.capacities(network)
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0
     algorithm = schedules[0][1].algorithm if schedules else "none"
     loads = sorted(
-        (LinkLoad(str(routes.directions[i]), b, b / (capacities[i] * run.seconds) if run.seconds > 0 else 0.0)
-         for i, b in enumerate(run.link_bytes) if b > 0),
+        (LinkLoad(str(routes.directions[i]), b, b / (capacities[i] * seconds) if seconds > 0 else 0.0)
+         for i, b in enumerate(link_bytes) if b > 0),
         key=lambda load: (-load.bytes, load.link),
     )
-    return Prediction(algorithm, run.seconds, size, workers, network, tuple(loads), run.events, back_to_back, parts)
+    return Prediction(algorithm, seconds, size, workers, network, tuple(loads), events, back_to_back, parts, model)
+
+
+# Transfers past which a prediction takes the step-level model: what a run's agents may hold
+# (registry.MAX_TRANSFERS), where the event simulation ends in ~30 s at most; past it a
+# plan only ever is predicted (registry.PREDICTION_TRANSFERS)
+EVENT_TRANSFERS = 60_000
+
+
+def _by_steps(topology: Topology, schedules: Schedules, nodes: Sequence[str], network: Network, chunk_bytes: int,
+              itemsize: int, routes: Routes | None, send_buffer_bytes: int, attribute: bool,
+              work: tuple[int, str] | None = None) -> Prediction:
+    """The prediction of the step-level model (stepwise.py): one allreduce; `attribute` as above."""
+    check_path_work(topology, schedules, STEP_PATH_WORK, work)
+    routes = routes or Routes(topology)
+    run = stepwise(routes, schedules, nodes, network, chunk_bytes, itemsize, send_buffer_bytes)
+    parts = None
+    if attribute:
+        without = run.seconds
+        if network.latency > 0 or network.peer_latency > 0:
+            without = min(run.seconds, stepwise(routes, schedules, nodes, dataclasses.replace(
+                network, latency=0.0, peer_latency=0.0), chunk_bytes, itemsize, send_buffer_bytes).seconds)
+        capacities = routes.capacities(network)
+        bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
+        parts = {"bandwidth": bandwidth, "latency": run.seconds - without, "waiting": without - bandwidth}
+    return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.steps, None, parts,
+                       model="steps")
 
 
 # Iterations of a run with stragglers the model follows (their own draws): the mean over
@@ -198,23 +248,26 @@ BACK_TO_BACK = 4
 # gives one allreduce alone (a partitioned ResNet-50 on star,4 took 1.4 s per run of four).
 BACK_TO_BACK_WORK = 200_000
 
-# Path-search steps (the estimate below) one prediction may take before it simulates anything.
-# Routes now walk each connection's ECMP paths as one graph (routes.py): fattree,8's mesh,
-# 1.8 M steps, searches in 3.1 s (27-30 s path by path) and fattree,16's halving-doubling,
-# 4.6 M, in 2.0 s. The limit stays where it was all the same: past it, what comes next is
-# too slow (fattree,16's halving-doubling then simulates for 20-45 s, its 1,024-wide
-# max-min shares at every event), so such plans are still refused before anything is built.
+# Path-search steps (`path_work`) past which a prediction takes the step-level model: routes
+# walk each connection's ECMP paths as one graph (routes.py): fattree,8's mesh, 1.8 M steps,
+# searches in 3.1 s and fattree,16's halving-doubling, 4.6 M, in 2.0 s; but the event
+# simulation after such a search is too slow (fattree,16's halving-doubling for 20-45 s, its
+# 1,024-wide max-min shares at every event).
 MAX_PATH_WORK = 1_000_000
+# The step-level model's: it takes ~1 s after the search, so a longer search fits its time
+# (fattree,16's halving-doubling, 4.6 M steps, searches in ~1.3 s)
+STEP_PATH_WORK = 6_000_000
 
 
-def check_path_work(topology: Topology, schedules: Schedules) -> None:
-    """Refuse, before any path is searched, a prediction whose path search alone would take
-    too long: every distinct (sender, receiver, NIC) is one connection, whose paths cost about
-    the ECMP paths between two far servers × their length; a sender's L2 segment is searched
-    once if every sender's search fits the topology's cache, else once per connection."""
+def path_work(topology: Topology, schedules: Schedules) -> tuple[int, str]:
+    """The path-search steps a prediction of `schedules` takes before it simulates anything,
+    and what they are made of (for a refusal): every distinct (sender, receiver, NIC) is one
+    connection, whose paths cost about the ECMP paths between two far servers × their
+    length; a sender's L2 segment is searched once if every sender's search fits the
+    topology's cache, else once per connection."""
     pairs = {(t.src, t.dst, t.nic) for _, schedule in schedules for step in schedule.steps for t in step}
     if not pairs:
-        return
+        return 0, "no connections"
     senders = len({(src, nic) for src, _, nic in pairs})
     servers = topology.servers
     far = topology.paths(servers[0].name, servers[-1].name) if len(servers) > 1 else [[]]
@@ -222,8 +275,16 @@ def check_path_work(topology: Topology, schedules: Schedules) -> None:
     widest = topology.widest_segment
     l2 = senders * widest if senders * widest <= L2_TREE_ENTRIES else len(pairs) * widest
     work = len(pairs) * per_pair + l2
-    if work > MAX_PATH_WORK:
-        raise ValueError(f"{len(pairs):,} connections over {len(far)} equal-cost path{'s' * (len(far) != 1)} of up to "
-                         f"{max(len(path) for path in far)} nodes on L2 segments of up to {widest:,} interfaces are about "
-                         f"{work:,} path-search steps, more than the {MAX_PATH_WORK:,} one prediction may take: "
-                         "use fewer servers or another algorithm")
+    return work, (f"{len(pairs):,} connections over {len(far)} equal-cost path{'s' * (len(far) != 1)} of up to "
+                  f"{max(len(path) for path in far)} nodes on L2 segments of up to {widest:,} interfaces are about "
+                  f"{work:,} path-search steps")
+
+
+def check_path_work(topology: Topology, schedules: Schedules, limit: int = MAX_PATH_WORK,
+                    work: tuple[int, str] | None = None) -> None:
+    """Refuse, before any path is searched, a prediction whose path search alone would take
+    more than `limit` steps (`path_work`, or `work` as it gave it)."""
+    steps, what = work or path_work(topology, schedules)
+    if steps > limit:
+        raise ValueError(f"{what}, more than the {limit:,} one prediction may take: use fewer servers or another "
+                         "algorithm")

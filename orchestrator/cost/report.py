@@ -100,7 +100,8 @@ def predict_lab(
 
     def compiled(partition: int | None) -> CompiledRun:
         return over_servers(topology, algorithm, size_bytes, workers, options, partition, credit_bytes=credit_bytes,
-                            chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes)
+                            chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes,
+                            prediction_only=True)
 
     routes = None
     if hosts:
@@ -149,6 +150,9 @@ def render(report: Report, top: int = 8) -> str:
            f"; back to back {p.back_to_back:.6g} s ({p.back_to_back * network.payload_rate / p.size_bytes:.4f} S/B)"),
         f"algbw {_rate(p.algbw)}   busbw {_rate(p.busbw)}",
     ]
+    if p.model == "steps":
+        lines.append("model               step by step (cost/stepwise.py): the plan is past what the event simulation "
+                     "takes; where both run, rings and HiPS come out as it says, halving-doubling at 0.74-1.08 of it")
     if report.form is None:
         lines.append("closed form         none applies")
     else:
