@@ -315,15 +315,48 @@ def _split_maker(path: Path) -> Iterator:
     listed = load(HostsSpec, path)
     engine, running = workers.connect()
     try:
-        known = {host.name: host.address for host in running.hosts}
-        for index, host in enumerate(listed.hosts):
-            if known.get(host.name) != host.address:
-                raise BadUsage(f"hosts.{index}: host {host.name} at {host.address} is not up: "
-                               f"`testbed hosts up {path}` first")
+        _check_up(path, listed, running)
         hosts, underlay = [host.host() for host in listed.hosts], {host.name: host.address for host in listed.hosts}
         yield (lambda spec, progress=lambda *_: None: split.up(spec, engine, hosts, underlay, progress)), listed
     finally:
         engine.close()
+
+
+def _check_up(path: Path, listed, running) -> None:
+    """BadUsage naming the first host of hosts file `path` (`listed`) that is not among the
+    hosts up (`running`)."""
+    known = {host.name: host.address for host in running.hosts}
+    for index, host in enumerate(listed.hosts):
+        if known.get(host.name) != host.address:
+            raise BadUsage(f"hosts.{index}: host {host.name} at {host.address} is not up: "
+                           f"`testbed hosts up {path}` first")
+
+
+def _split_machines(path: Path, dry_run: bool):
+    """The machines a run split over the hosts of `path` puts its agents on, with the memory
+    and threads each has, as their workers report them (experiment/machines.py). On a dry
+    run with the hosts not up, what they have is not known and not checked (said so)."""
+    from orchestrator.experiment.machines import Machines
+    from orchestrator.hosts import parts, workers
+    from orchestrator.spec.hosts import HostsSpec
+    from orchestrator.spec.loader import load
+
+    listed = load(HostsSpec, path)
+    hosts = [host.host() for host in listed.hosts]
+    try:
+        engine, running = workers.connect()
+    except workers.HostsError:
+        if not dry_run:
+            raise BadUsage(f"{path}: no hosts are up: `testbed hosts up {path}` first") from None
+        err.print(Text(f"note: the hosts of {path} are not up: their memory and threads are not checked"),
+                  highlight=False, soft_wrap=True)
+        return Machines.of_hosts(hosts, {host.name: {"machine": host.name} for host in hosts})
+    try:
+        _check_up(path, listed, running)
+        limits = {host.name: engine.run_on(host.name, parts.limits_part, "limits", timeout=60) for host in hosts}
+    finally:
+        engine.close()
+    return Machines.of_hosts(hosts, limits)
 
 
 def _split_up(spec, path: Path) -> None:
@@ -1029,7 +1062,9 @@ def run_experiment(
     from orchestrator.emulation.capacity import host_limits
 
     host = host_limits()
-    plan = make_plan(spec, str(experiment), memory=host.mem_available_mib << 20, tasks=host.tasks_free)
+    machines = _split_machines(hosts, dry_run) if hosts is not None else None  # a split run's agents are theirs
+    plan = make_plan(spec, str(experiment), memory=host.mem_available_mib << 20, tasks=host.tasks_free,
+                     machines=machines)
     needs = _plan_needs(plan)
     if dry_run:
         _print_plan(plan, needs)

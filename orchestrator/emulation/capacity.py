@@ -191,6 +191,16 @@ def host_limits() -> HostLimits:
     )
 
 
+def machine_id() -> str:
+    """Which machine this is, whatever network namespace asks: the kernel's boot id."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
+
+
 def _tasks_free() -> int:
     """Threads this host can still start: the lower of kernel.pid_max and kernel.threads-max,
     less the tasks running now (/proc/loadavg's fourth field, running/total)."""

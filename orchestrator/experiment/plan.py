@@ -23,6 +23,7 @@ from orchestrator import frameworks
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.cost.simulate import ModelTooLarge
 from orchestrator.experiment import jobs, workloads
+from orchestrator.experiment.machines import Machines
 from orchestrator.faults.timeline import plan as plan_faults
 from orchestrator.experiment.sweep import LabVariant, RunPoint, expand, variants
 from orchestrator.spec.experiment import ExperimentSpec
@@ -56,6 +57,7 @@ class PlannedPoint:
     # planning while the plan's KEEP_TRANSFERS allow, so a run compiles nothing again
     compiled: CompiledRun | None = field(default=None, repr=False, compare=False)
     threads: int = 0  # what its agents run at once, summed (`agent_threads`)
+    threads_on: dict[int, int] = field(default_factory=dict)  # the same by machine (Machines index)
 
     @property
     def size_bytes(self) -> int:
@@ -115,9 +117,10 @@ AGENT_MEMORY_SHARE = 0.8
 
 
 def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], ranks: Layout, source: str,
-                 memory: int | None) -> None:
+                 machines: Machines) -> None:
     """The gradient against the agents' memory, before anything is sized by it: every agent
-    holds one buffer of it (SpecError naming the workload field, the figure and the limit)."""
+    holds one buffer of it, on the machine it runs on (SpecError naming the workload field,
+    the figure and the limit)."""
     size = sum(tensors) * workloads.ITEMSIZE
     field = "sweep.sizes" if spec.sweep.sizes else "agents.workload"
     if point.job is not None:
@@ -133,16 +136,27 @@ def check_memory(spec: ExperimentSpec, point: RunPoint, tensors: list[int], rank
         raise SpecError(f"{source}: {field}: each agent needs about {need >> 20:,} MiB (the {size:,}-byte gradient and "
                         f"{AGENT_OVERHEAD_BYTES >> 20} MiB) and servers.memory is {limit >> 20:,} MiB (run {point.id}): "
                         "raise servers.memory or give a smaller size")
-    agents, total = len(ranks.nodes), len(ranks.nodes) * need
+    held = dict.fromkeys(ranks.nodes, need)  # server → what its agent holds
     if point.mode == "together":  # every job's agents hold their buffers at once
         placed = jobs.place(spec.jobs, [s.name for s in topology_of(point.lab).servers], point.placement)
-        sizes = [sum(workloads.tensors(job.workload or spec.agents.workload)) * workloads.ITEMSIZE for job in spec.jobs]
-        agents = sum(len(placed[job.name]) for job in spec.jobs)
-        total = sum(len(placed[job.name]) * (s + AGENT_OVERHEAD_BYTES) for job, s in zip(spec.jobs, sizes))
-    if memory is not None and total > memory * AGENT_MEMORY_SHARE:
-        raise SpecError(f"{source}: {field}: {agents} agents of about {total // agents >> 20:,} MiB each need "
-                        f"{total >> 20:,} MiB (run {point.id}), more than {AGENT_MEMORY_SHARE:.0%} of the "
-                        f"{memory >> 20:,} MiB this machine has available: give a smaller size or fewer servers")
+        held = {}
+        for job in spec.jobs:
+            size = sum(workloads.tensors(job.workload or spec.agents.workload)) * workloads.ITEMSIZE
+            for node in placed[job.name]:
+                held[node] = held.get(node, 0) + size + AGENT_OVERHEAD_BYTES
+    for index, nodes in machines.spread(point.lab, topology_of(point.lab), list(held)).items():
+        machine = machines.machines[index]
+        agents, total = len(nodes), sum(held[node] for node in nodes)
+        if machine.memory is not None and total > machine.memory * AGENT_MEMORY_SHARE:
+            raise SpecError(f"{source}: {field}: {agents} agents of about {total // agents >> 20:,} MiB each need "
+                            f"{total >> 20:,} MiB (run {point.id}), more than {AGENT_MEMORY_SHARE:.0%} of the "
+                            f"{machine.memory >> 20:,} MiB {_has(machine)} available: give a smaller size or fewer "
+                            "servers" + (", or more hosts" if machines.split else ""))
+
+
+def _has(machine) -> str:
+    """How a refusal says what a machine has: "this machine has", "host a has"."""
+    return f"{machine.name} has" if not machine.name.startswith("hosts ") else f"{machine.name} have"
 
 
 # Threads an agent runs beside its connections: gRPC's, the event loop's and its executor's,
@@ -161,25 +175,40 @@ def agent_threads(compiled: CompiledRun) -> int:
     return compiled.ranks * AGENT_THREADS + 2 * compiled.connections
 
 
-def thread_refusal(spec: ExperimentSpec, planned: list[PlannedPoint], source: str, tasks: int) -> SpecError | None:
-    """The first point (or jobs run together) whose agents need more threads than THREAD_SHARE
-    of the `tasks` this host can still start; None if every one fits. Past it a thread
-    cannot start (EAGAIN) and a rank stops in the middle of a run."""
+def threads_by_node(compiled: CompiledRun) -> dict[str, int]:
+    """`agent_threads` by the server each agent runs on: 16, and one per connection it
+    writes (as sender) or reads (as receiver)."""
+    threads = [AGENT_THREADS] * compiled.ranks
+    for src, dst, _ in {(t.src, t.dst, t.nic) for _, schedule in compiled.schedules for _, t in schedule.transfers()}:
+        threads[src] += 1
+        threads[dst] += 1
+    return dict(zip(compiled.nodes, threads))
+
+
+def thread_refusal(spec: ExperimentSpec, planned: list[PlannedPoint], source: str,
+                   machines: Machines) -> SpecError | None:
+    """The first point (or jobs run together) whose agents on one machine need more threads
+    than THREAD_SHARE of the tasks it can still start; None if every one fits. Past it a
+    thread cannot start (EAGAIN) and a rank stops in the middle of a run."""
     runs: dict[object, list[PlannedPoint]] = {}
     for p in planned:
         runs.setdefault(p.point.group if p.point.group is not None else p.point.id, []).append(p)
     for group in runs.values():
-        threads = sum(p.threads for p in group)
-        if threads > tasks * THREAD_SHARE:
+        for index, machine in enumerate(machines.machines):
+            threads = sum(p.threads_on.get(index, 0) for p in group)
+            if machine.tasks is None or threads <= machine.tasks * THREAD_SHARE:
+                continue
             point = group[0].point
             agents = sum(len(p.layout.nodes) for p in group)
             what = "jobs" if len(group) > 1 else _algorithm_field(spec, point)
+            where = "this host" if not machines.split else machine.name
             return SpecError(
                 f"{source}: {what}: run {point.id}: its {agents:,} agents need about {threads:,} threads "
-                f"({AGENT_THREADS} each and 2 per connection) and this host can start {tasks:,} more "
+                f"({AGENT_THREADS} each and 2 per connection){' on ' + where if machines.split else ''} and "
+                f"{where} can start {machine.tasks:,} more "
                 f"(kernel.pid_max and kernel.threads-max less the tasks running; a run may take "
                 f"{THREAD_SHARE:.0%}): choose an algorithm with fewer peers per server or fewer servers, or raise "
-                "kernel.pid_max")
+                "kernel.pid_max" + (", or split the lab over more hosts" if machines.split else ""))
     return None
 
 
@@ -194,18 +223,19 @@ def latency_of(spec: ExperimentSpec, lab: LabSpec):
         return None
 
 
-def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: int | None = None,
+def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, machines: Machines | None = None,
                   latency=None) -> PlannedPoint:
     """The point's layout and prediction, as the driver will build them; SpecError naming
-    the point if its algorithm cannot run there, or if it would not fit `memory` bytes (the
-    host's available memory, when known). `latency`: a calibrate.Latency (default: as
+    the point if its algorithm cannot run there, or if its agents would not fit the memory of
+    the `machines` they run on (default: this host, unchecked). `latency`: a calibrate.Latency (default: as
     measured on the lab, `latency_of`; else α is 0)."""
     _framework_fits(point, source)
     iterations = point.iterations or spec.iterations
     latency = latency if latency is not None else latency_of(spec, point.lab)
     ranks = layout(point, source, spec)
     tensors = workloads.tensors(point.workload)
-    check_memory(spec, point, tensors, ranks, source, memory)
+    machines = machines or Machines.here(None, None)
+    check_memory(spec, point, tensors, ranks, source, machines)
     partitioning = point.partitioning
     try:
         parts = partitions(tensors, partitioning.partition_bytes)
@@ -251,8 +281,12 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, memory: in
             raise SpecError(f"{source}: {field}: {foreign[0].action} {foreign[0].target} is no server of job "
                             f"{point.job} ({', '.join(ranks.nodes)}): a job's server faults target its own servers "
                             f"(run {point.id})")
+    threads_on: dict[int, int] = {}
+    per_node = threads_by_node(compiled)
+    for index, nodes in machines.spread(point.lab, topology_of(point.lab), list(per_node)).items():
+        threads_on[index] = sum(per_node[node] for node in nodes)
     return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled,
-                        agent_threads(compiled))
+                        agent_threads(compiled), threads_on)
 
 
 def _job_index(spec: ExperimentSpec, point: RunPoint) -> int:
@@ -267,14 +301,15 @@ def _algorithm_field(spec: ExperimentSpec, point: RunPoint) -> str:
     return f"agents.algorithms.{spec.agents.algorithms.index(point.algorithm)}"
 
 
-def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memory: int | None = None,
-                latency=None, tasks: int | None = None) -> list[PlannedPoint]:
+def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, machines: Machines | None = None,
+                latency=None) -> list[PlannedPoint]:
     """Every point planned and predicted (`predict_point`); jobs that run together, predicted
-    with each other's flows (experiment/jobs.py). `tasks`: the threads this host can still
-    start (None skips that check, as for `memory`)."""
+    with each other's flows (experiment/jobs.py). `machines`: where the agents run, with the
+    memory and threads each has (default: this host, unchecked)."""
+    machines = machines or Machines.here(None, None)
     planned, kept = [], 0
     for point in points:
-        p = predict_point(spec, point, source, memory, latency)
+        p = predict_point(spec, point, source, machines, latency)
         kept += p.compiled.transfer_count
         planned.append(p if kept <= KEEP_TRANSFERS else dataclasses.replace(p, compiled=None))
     groups: dict[tuple, list[int]] = {}
@@ -292,7 +327,7 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, memor
                 from None
         for i, p in zip(indices, predicted):
             planned[i] = p
-    refused = thread_refusal(spec, planned, source, tasks) if tasks is not None else None
+    refused = thread_refusal(spec, planned, source, machines)
     if refused:
         raise refused
     return planned
@@ -357,21 +392,23 @@ def _compute(spec: ExperimentSpec, point: RunPoint, drawn: list[list[float]] | N
 
 
 def make_plan(spec: ExperimentSpec, source: str = "experiment", memory: int | None = None,
-              tasks: int | None = None) -> Plan:
+              tasks: int | None = None, machines: Machines | None = None) -> Plan:
     """Every point planned and predicted; `memory`: bytes the agents may use on this host
     (MemAvailable), `tasks`: threads it can still start (None skips either check, as a plan
-    for another machine would)."""
+    for another machine would); or `machines`: the hosts a split run's agents go to, with
+    what each machine has."""
+    machines = machines or Machines.here(memory, tasks)
     auto_rate = None
     if spec.auto_bandwidth:
-        spec = _auto_bandwidth(spec, source, memory)
+        spec = _auto_bandwidth(spec, source, machines)
         auto_rate = spec.lab.links.bandwidth
-    return Plan(spec, variants(spec), plan_points(spec, expand(spec), source, memory, tasks=tasks), auto_rate)
+    return Plan(spec, variants(spec), plan_points(spec, expand(spec), source, machines), auto_rate)
 
 
 AUTO_RANGE = (1e6, 100e9)  # bit/s: the rates `auto` chooses among
 
 
-def _auto_bandwidth(spec: ExperimentSpec, source: str, memory: int | None) -> ExperimentSpec:
+def _auto_bandwidth(spec: ExperimentSpec, source: str, machines: Machines) -> ExperimentSpec:
     """The spec with `links.bandwidth: auto` replaced by the highest rate at which every
     point's CPU need leaves the verdict's idle share free (two significant figures, rounded
     down), from this machine's calibration (experiment/calibrate.py)."""
@@ -384,7 +421,7 @@ def _auto_bandwidth(spec: ExperimentSpec, source: str, memory: int | None) -> Ex
     transport = spec.agents.transport
     rates = []
     for point in expand(spec):
-        planned = predict_point(spec, point, source, memory)
+        planned = predict_point(spec, point, source, machines)
         try:
             rates.append(calibrate.need(planned.prediction, topology_of(point.lab), transport, calibration).max_rate)
         except KeyError as exc:

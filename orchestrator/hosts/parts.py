@@ -37,6 +37,16 @@ def fault_event_part(name: str, fault_id: str, phase: str, action: str, target: 
     Lab.attach(name).state.record_fault_event(fault_id, phase, action, target, params, at)
 
 
+def limits_part(_name: str) -> dict:
+    """On a host: the machine it is (its kernel's boot id: hosts that are namespaces of one
+    machine share it) and what that machine has for agents: MemAvailable bytes and the
+    threads it can still start (experiment/machines.py)."""
+    from orchestrator.emulation.capacity import host_limits, machine_id
+
+    limits = host_limits()
+    return {"machine": machine_id(), "memory": limits.mem_available_mib << 20, "tasks": limits.tasks_free}
+
+
 def cpu_part(_name: str) -> dict[str, float]:
     """On a host: its CPU seconds so far (idle, busy), as the exporter reads them (whichever
     lab asks)."""

@@ -10,6 +10,7 @@ estimate) is stopped by the guard with its memory bounded.
 from __future__ import annotations
 
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -292,3 +293,69 @@ def test_super_packets_are_sized_for_eight_per_smallest_transfer_within_the_kern
     assert mesh.smallest_transfer == 4 * ((1 << 20) // 8)
     odd = compile_run("ring", Context(3), 10, partitions([10], None), nodes=["a", "b", "c"])
     assert odd.smallest_transfer == 4 * 3  # 10 elements over 3: 3, 3 and 4
+
+
+def _split(machine_of: dict[str, str], memory: int | None = None, tasks: int | None = None):
+    """Machines of hosts a and b (each on the machine `machine_of` names) with `memory` and
+    `tasks` each, as their workers would report them."""
+    from orchestrator.experiment.machines import Machines
+    from orchestrator.topology.partition import Host
+
+    hosts = [Host(name) for name in sorted(machine_of)]
+    return Machines.of_hosts(hosts, {name: {"machine": machine, "memory": memory, "tasks": tasks}
+                                     for name, machine in machine_of.items()})
+
+
+def test_a_split_run_is_held_against_each_machine_its_agents_run_on():
+    """Split over two hosts on two machines, each machine holds the agents placed on it: a
+    gradient one machine cannot hold for 8 agents fits two holding 4 each; two hosts that are
+    one machine (fake hosts: one boot id) still hold all 8, and the refusal names them."""
+    from orchestrator.errors import SpecError
+    from orchestrator.experiment.plan import make_plan
+    from orchestrator.spec.experiment import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({
+        "name": "big", "lab": {"name": "big", "topology": {"kind": "star", "servers": 8}, "servers": {"runtime": "netns"}},
+        "agents": {"algorithms": ["ring"], "workload": {"kind": "back-to-back", "size": "1G"}}})
+    memory = 7 << 30  # 80 %: 5.6 GiB, for 8 × 1.09 GiB = 8.8 GiB or 4 × 1.09 = 4.4 GiB
+    with pytest.raises(SpecError, match=r"8 agents .* this machine has available"):
+        make_plan(spec, "big.yaml", memory=memory)
+    planned = make_plan(spec, "big.yaml", machines=_split({"a": "m1", "b": "m2"}, memory)).points
+    assert sorted(planned[0].threads_on.values()) == [72, 72]  # 4 ring agents of 18 threads each
+    assert sum(planned[0].threads_on.values()) == planned[0].threads
+    with pytest.raises(SpecError, match=r"8 agents .* 7,168 MiB hosts a, b \(one machine\) have available: give a "
+                                        r"smaller size or fewer servers, or more hosts"):
+        make_plan(spec, "big.yaml", machines=_split({"a": "m1", "b": "m1"}, memory))
+    # unknown (the hosts not up on a dry run): not checked
+    assert make_plan(spec, "big.yaml", machines=_split({"a": "m1", "b": "m1"})).points
+
+
+def test_a_split_run_counts_threads_on_each_machine():
+    """A mesh of 8 runs 240 threads: on two machines, 120 each (each agent's 16 and one per
+    connection it writes or reads), so 160 threads a machine suffice; on one, they do not."""
+    from orchestrator.errors import SpecError
+    from orchestrator.experiment.plan import make_plan
+    from orchestrator.spec.experiment import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({
+        "name": "many", "lab": {"name": "many", "topology": {"kind": "star", "servers": 8}, "servers": {"runtime": "netns"}},
+        "agents": {"algorithms": ["mesh"], "workload": {"kind": "back-to-back", "size": "1M"}}})
+    planned = make_plan(spec, "many.yaml", machines=_split({"a": "m1", "b": "m2"}, tasks=160)).points[0]
+    assert sorted(planned.threads_on.values()) == [120, 120]
+    with pytest.raises(SpecError) as refused:
+        make_plan(spec, "many.yaml", machines=_split({"a": "m1", "b": "m1"}, tasks=160))
+    assert "its 8 agents need about 240 threads (16 each and 2 per connection) on hosts a, b (one machine) and " \
+           "hosts a, b (one machine) can start 160 more" in str(refused.value)
+    assert "split the lab over more hosts" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_host_reports_its_machine_and_what_it_has():
+    """What a host's worker runs (hosts/parts.limits_part), here: this machine's boot id,
+    MemAvailable and the threads it can still start."""
+    from orchestrator.emulation.capacity import host_limits
+    from orchestrator.hosts.parts import limits_part
+
+    limits = limits_part("any")
+    assert limits["machine"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert 0 < limits["memory"] and limits["memory"] >> 20 == pytest.approx(host_limits().mem_available_mib, rel=0.2)
+    assert limits["tasks"] > 0
