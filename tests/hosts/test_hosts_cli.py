@@ -230,6 +230,28 @@ def test_hosts_file_refusals_are_one_line(cli, tmp_path):
         assert done.returncode != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_a_split_runs_memory_is_held_against_the_machines_its_hosts_are(cli, tmp_path):
+    """`testbed run --dry-run --hosts`: each host's worker says which machine it is and what it
+    has; fake hosts are one machine (one boot id), so a gradient their agents cannot hold
+    together is refused naming both hosts, in one line; one they can is planned."""
+    from orchestrator.emulation.capacity import host_limits
+
+    run, file, _, _ = cli
+    available = host_limits().mem_available_mib << 20
+    experiment = tmp_path / "big.yaml"
+    for size, refused in ((available // 4, True), (1 << 20, False)):  # 4 agents of a quarter each: past 80 %
+        experiment.write_text(
+            "name: big\nlab: {name: big, topology: {kind: star, servers: 4}, servers: {runtime: netns}}\n"
+            f"agents: {{algorithms: [ring], workload: {{kind: back-to-back, size: {size}}}}}\n")
+        done = run("run", str(experiment), "--dry-run", "--hosts", str(file), ok=not refused)
+        if refused:
+            assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+            assert "4 agents of about" in done.stderr and "hosts x, y (one machine) have available" in done.stderr, \
+                done.stderr
+        else:
+            assert "ring" in done.stdout, done.stdout
+
+
 def test_hosts_down_leaves_nothing(cli):
     """Last in the module: down, then no worker, svscan or scheduler runs and no state is left
     (the fixture's own down then finds nothing to do)."""
@@ -261,24 +283,3 @@ def lab_links(argument: str) -> list:
 
     return from_lab(lab_from_argument(argument)).links
 
-
-def test_a_split_runs_memory_is_held_against_the_machines_its_hosts_are(cli, tmp_path):
-    """`testbed run --dry-run --hosts`: each host's worker says which machine it is and what it
-    has; fake hosts are one machine (one boot id), so a gradient their agents cannot hold
-    together is refused naming both hosts, in one line; one they can is planned."""
-    from orchestrator.emulation.capacity import host_limits
-
-    run, file, _, _ = cli
-    available = host_limits().mem_available_mib << 20
-    experiment = tmp_path / "big.yaml"
-    for size, refused in ((available // 4, True), (1 << 20, False)):  # 4 agents of a quarter each: past 80 %
-        experiment.write_text(
-            "name: big\nlab: {name: big, topology: {kind: star, servers: 4}, servers: {runtime: netns}}\n"
-            f"agents: {{algorithms: [ring], workload: {{kind: back-to-back, size: {size}}}}}\n")
-        done = run("run", str(experiment), "--dry-run", "--hosts", str(file), ok=not refused)
-        if refused:
-            assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-            assert "4 agents of about" in done.stderr and "hosts x, y (one machine) have available" in done.stderr, \
-                done.stderr
-        else:
-            assert "ring" in done.stdout, done.stdout
