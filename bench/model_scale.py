@@ -135,7 +135,8 @@ def main() -> None:
     agreed = []
     if not args.no_agreement and not args.cases:
         if not args.json:
-            print("\nstep-level model / event simulation where both run (α 100 µs, 20 µs per peer past two, 2 cores):")
+            print("\nstep-level model / event simulation where both run "
+                  "(α 100 µs, 20 µs per peer past two, 2 cores):")
         for lab, algorithm in AGREEMENT:
             for each in AGREEMENT_SIZES:
                 row = {"lab": lab, "algorithm": algorithm, "size": each, **agreement(lab, algorithm, each)}
@@ -155,7 +156,8 @@ def agreement_line(row: dict) -> str:
         return f"{head}  error: {row['error']}"
     if row["event"] is None:
         return f"{head}  steps {row['steps']:.6g} s; the event simulation is past its budget"
-    return f"{head}  steps {row['steps']:.6g} s  event {row['event']:.6g} s  step / event {row['steps'] / row['event']:.3f}"
+    ratio = row["steps"] / row["event"]
+    return f"{head}  steps {row['steps']:.6g} s  event {row['event']:.6g} s  step / event {ratio:.3f}"
 
 
 def line(result: dict) -> str:
@@ -164,8 +166,9 @@ def line(result: dict) -> str:
            f"{rss / 2**20:7.0f} MiB ({rss / GOAL_BYTES:5.2f} of 1 GiB)"
     if "refused" in result:
         return f"{head}  refused: {result['refused']}"
+    model = result.get("model", "event")
     return f"{head}  {result['workers']} workers, {result['seconds_predicted']:.6g} s predicted " \
-           f"({result.get('model', 'event')} model, {result['events']} {'steps' if result.get('model') == 'steps' else 'events'})"
+           f"({model} model, {result['events']} {'steps' if model == 'steps' else 'events'})"
 
 
 if __name__ == "__main__":

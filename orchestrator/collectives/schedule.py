@@ -52,8 +52,8 @@ class TooManyTransfers(ValueError):
     """A plan beyond the transfer budget (registry.MAX_TRANSFERS): figure and limit said."""
 
     def __init__(self, algorithm: str, what: str, limit: int, holder: str = "run") -> None:
-        super().__init__(f"{algorithm} {what}, more than the {limit:,} one {holder} may hold: use fewer servers, larger "
-                         "partitions or another algorithm")
+        super().__init__(f"{algorithm} {what}, more than the {limit:,} one {holder} may hold: use fewer servers, "
+                         "larger partitions or another algorithm")
 
 
 class _Budget:

@@ -57,9 +57,14 @@ class CompiledRun:
         return smallest_transfer_bytes(self.schedules)
 
     @property
+    def connection_ends(self) -> set[tuple[int, int, int | None]]:
+        """The connections the agents open for it: one per (sender, receiver, NIC) it names."""
+        return {(t.src, t.dst, t.nic) for _, schedule in self.schedules for _, t in schedule.transfers()}
+
+    @property
     def connections(self) -> int:
-        """Connections the agents open for it: one per sender, receiver and NIC it names."""
-        return len({(t.src, t.dst, t.nic) for _, schedule in self.schedules for _, t in schedule.transfers()})
+        """How many connections the agents open for it (`connection_ends`)."""
+        return len(self.connection_ends)
 
     def predicted(self, network: Network | None, topology: Topology | None, routes: Routes | None = None,
                   compute_s: float = 0.0, attribute: bool = False, compute=None, warmup: int = 0) -> "CompiledRun":
@@ -99,10 +104,10 @@ def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Par
     nodes there are). `chunk_bytes`: the agents' message size, or a function of (schedules,
     credit_bytes) giving it (the agents': agent.plan.chunk_bytes). `prediction_only`: the
     run is only predicted, never run, so it may hold registry.PREDICTION_TRANSFERS transfers
-    (the step-level model's budget), not MAX_TRANSFERS (the agents'). ValueError from the algorithm;
-    collectives.schedule.RankMismatch when the ranks do not fit."""
-    schedules = registry.schedules(algorithm, ctx, elements, parts, *(
-        (registry.PREDICTION_TRANSFERS, "prediction") if prediction_only else ()))
+    (the step-level model's budget), not MAX_TRANSFERS (the agents'). ValueError from the
+    algorithm; collectives.schedule.RankMismatch when the ranks do not fit."""
+    limit, holder = (registry.PREDICTION_TRANSFERS, "prediction") if prediction_only else (registry.MAX_TRANSFERS, "run")
+    schedules = registry.schedules(algorithm, ctx, elements, parts, limit, holder)
     wanted = schedules[0][1].ranks if schedules else len(given or ())
     placed = list(nodes(wanted) if callable(nodes) else nodes)
     given = set(range(min(wanted, len(placed))) if given is None else given)
@@ -117,9 +122,9 @@ def over_servers(topology: Topology, algorithm: str, size_bytes: int, workers: i
                  options: dict | None = None, partition_bytes: int | None = None, itemsize: int = 4,
                  **compiling) -> CompiledRun:
     """The run the driver would compile over `topology`'s servers: workers first, in server
-    order, then parameter servers. `compiling`: compile_run's credit_bytes, chunk_bytes and
-    send_buffer_bytes, prediction_only. ValueError for an unknown algorithm, options it refuses, or too few
-    servers."""
+    order, then parameter servers. `compiling`: compile_run's credit_bytes, chunk_bytes,
+    send_buffer_bytes and prediction_only. ValueError for an unknown algorithm, options it
+    refuses, or too few servers."""
     servers = [s.name for s in topology.servers]
     workers = len(servers) if workers is None else workers
     if not 1 <= workers <= len(servers):

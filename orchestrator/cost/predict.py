@@ -119,7 +119,8 @@ def predict_schedules(
     and parts["skew"] what the skew adds to it.
 
     Plans past the event simulation's budget (more than EVENT_TRANSFERS transfers or
-    MAX_PATH_WORK path-search steps, or ModelTooLarge) take the step-level model (`stepwise`): one allreduce, no stragglers."""
+    MAX_PATH_WORK path-search steps, or ModelTooLarge) take the step-level model
+    (`stepwise`): one allreduce, no stragglers."""
     work = path_work(topology, schedules)
     if sum(len(step) for _, schedule in schedules for step in schedule.steps) > EVENT_TRANSFERS \
             or work[0] > MAX_PATH_WORK:
@@ -144,8 +145,7 @@ def predict_schedules(
         run, back_to_back = model(network)
     except ModelTooLarge:
         return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
-                         attribute)
-    capacities = routes.capacities(network)
+                         attribute, work)
     per_run = back_to_back if back_to_back is not None else run.seconds
     skew = None
     if compute is not None:
@@ -155,18 +155,31 @@ def predict_schedules(
             skew, back_to_back = skewed - per_run, skewed
     parts = None
     if attribute:
-        # the busiest link direction's bytes at its rate: what no schedule gets below; α's
-        # share: what the time loses without it; waiting: the rest (dependencies, links idle)
         without = per_run
-        if network.latency > 0 or network.peer_latency > 0:
-            alone, in_a_row = model(dataclasses.replace(network, latency=0.0, peer_latency=0.0))
+        if _has_latency(network):
+            alone, in_a_row = model(_without_latency(network))
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
-        bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
-        parts = {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
+        parts = _parts(per_run, without, run.link_bytes, routes.capacities(network))
         if skew is not None:
             parts["skew"] = skew
     return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.events, back_to_back,
                        parts)
+
+
+def _has_latency(network: Network) -> bool:
+    return network.latency > 0 or network.peer_latency > 0
+
+
+def _without_latency(network: Network) -> Network:
+    return dataclasses.replace(network, latency=0.0, peer_latency=0.0)
+
+
+def _parts(per_run: float, without: float, link_bytes: list[float], capacities: list[float]) -> dict[str, float]:
+    """A time split by cause: the busiest link direction's bytes at its rate (what no
+    schedule gets below); α's share: what the time loses without it (`without`: the time
+    with α 0); waiting: the rest (dependencies, links idle)."""
+    bandwidth = min(max((b / c for b, c in zip(link_bytes, capacities)), default=0.0), without)
+    return {"bandwidth": bandwidth, "latency": per_run - without, "waiting": without - bandwidth}
 
 
 def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds: float, link_bytes: list[float],
@@ -200,12 +213,10 @@ def _by_steps(topology: Topology, schedules: Schedules, nodes: Sequence[str], ne
     parts = None
     if attribute:
         without = run.seconds
-        if network.latency > 0 or network.peer_latency > 0:
-            without = min(run.seconds, stepwise(routes, schedules, nodes, dataclasses.replace(
-                network, latency=0.0, peer_latency=0.0), chunk_bytes, itemsize, send_buffer_bytes).seconds)
-        capacities = routes.capacities(network)
-        bandwidth = min(max((b / c for b, c in zip(run.link_bytes, capacities)), default=0.0), without)
-        parts = {"bandwidth": bandwidth, "latency": run.seconds - without, "waiting": without - bandwidth}
+        if _has_latency(network):
+            without = min(run.seconds, stepwise(routes, schedules, nodes, _without_latency(network), chunk_bytes,
+                                                itemsize, send_buffer_bytes).seconds)
+        parts = _parts(run.seconds, without, run.link_bytes, routes.capacities(network))
     return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.steps, None, parts,
                        model="steps")
 

@@ -7,19 +7,20 @@ This model keeps what decides the time at scale and drops the rest:
 - every step's transfers share the links at the max-min rates of that step's connections
   all sending at once (a connection's rate split evenly among its transfers of the step),
   computed once per distinct set of connections (a ring's 2(N−1) steps share one);
-- a transfer's bytes flow once its sender holds its first message's data (the first
-  message of the sender's latest receive has arrived), its sender's earlier sends are
-  written (all but `send_buffer_bytes` of them gone), its lead has passed (α stretched and
-  by position, as simulate.py prices it, plus its path's delay) and its connection has
-  carried the earlier steps' bytes; it cannot end before what it forwards has arrived plus
-  its own last message;
+- a transfer's bytes flow once its sender holds its first message's data (the part of the
+  sender's latest receive that brings it has arrived, range by range), its sender's
+  earlier sends are written (all but `send_buffer_bytes` of them gone), its lead has passed
+  (α stretched and by position, as simulate.py prices it, plus its path's delay) and the
+  link directions at its two ends have carried the earlier steps' bytes; it cannot end
+  before what it forwards has arrived plus its own last message;
 - partitions run at once: step k of every partition is one step.
 
-What it leaves out: ranges (a rank waits for its latest receive, whatever range it holds),
-bandwidth that frees while some transfers of a step wait (rates are the step's, not the
-moment's), the receivers' order of applying, credit and iterations back to back. Where the
-plan is symmetric (rings, halving-doubling and HiPS on BCube, torus and Fat-Tree) those
-change little; bench/model_scale.py measures it against the event simulation where both run.
+What it leaves out: receives older than a rank's latest receiving step, bandwidth that
+frees while some transfers of a step wait (rates are the step's, not the moment's), a next
+step's stream sharing a link with the step before it (it waits instead), the receivers'
+order of applying, credit and iterations back to back. Where both run, rings come out as the
+event simulation says, HiPS within 2 %, halving-doubling at 0.74-1.08 of it
+(bench/model_scale.py measures it).
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ class StepRun:
     seconds: float
     link_bytes: list[float]  # per allreduce, by link direction index of `routes.directions`
     steps: int
-    transfers: int
-    connections: int
 
 
 @dataclass
@@ -279,4 +278,4 @@ def stepwise(
         if total:
             for link, share in connections.usage[c]:
                 link_bytes[link] += total * share
-    return StepRun(end, link_bytes.tolist(), len(steps), sum(len(s.src) for s in steps), len(connections.usage))
+    return StepRun(end, link_bytes.tolist(), len(steps))

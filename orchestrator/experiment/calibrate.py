@@ -240,8 +240,9 @@ def trusted(measured: dict) -> bool:
     kept before that was recorded (or before the per-peer cost was), is measured again. On a
     busy machine the agents wait for a core, that wait is fitted as latency, and it was kept
     and reused by every later run on the lab (bcube,2,1 had 451 µs kept, from a moment
-    nothing recorded; 209-275 µs measured on a quiet machine): one measured with less than the verdict's idle share (MIN_IDLE) is
-    measured again too; one kept before the share was recorded is taken as it is."""
+    nothing recorded; 209-275 µs measured on a quiet machine): one measured with less than
+    the verdict's idle share (MIN_IDLE) is measured again too; one kept before the share was
+    recorded is taken as it is."""
     return measured.get("agents") == agents_fingerprint() and _quiet(measured) and "peer_s" in measured
 
 

@@ -56,12 +56,16 @@ class PlannedPoint:
     # the schedules, routes and prediction the point runs with (`compiled_point`): kept from
     # planning while the plan's KEEP_TRANSFERS allow, so a run compiles nothing again
     compiled: CompiledRun | None = field(default=None, repr=False, compare=False)
-    threads: int = 0  # what its agents run at once, summed (`agent_threads`)
-    threads_on: dict[int, int] = field(default_factory=dict)  # the same by machine (Machines index)
+    threads_on: dict[int, int] = field(default_factory=dict)  # what its agents run at once, by machine index
 
     @property
     def size_bytes(self) -> int:
         return sum(self.tensors) * workloads.ITEMSIZE
+
+    @property
+    def threads(self) -> int:
+        """What its agents run at once, summed over the machines (`agent_threads`)."""
+        return sum(self.threads_on.values())
 
 
 @dataclass(frozen=True)
@@ -172,14 +176,14 @@ THREAD_SHARE = 0.8
 def agent_threads(compiled: CompiledRun) -> int:
     """The threads every agent of `compiled` runs at once, summed: a mesh of n ranks runs
     n × (16 + 2 (n - 1)), a ring n × 18."""
-    return compiled.ranks * AGENT_THREADS + 2 * compiled.connections
+    return sum(threads_by_node(compiled).values())
 
 
 def threads_by_node(compiled: CompiledRun) -> dict[str, int]:
-    """`agent_threads` by the server each agent runs on: 16, and one per connection it
-    writes (as sender) or reads (as receiver)."""
+    """The threads of the agent on each server: 16, and one per connection it writes (as
+    sender) or reads (as receiver)."""
     threads = [AGENT_THREADS] * compiled.ranks
-    for src, dst, _ in {(t.src, t.dst, t.nic) for _, schedule in compiled.schedules for _, t in schedule.transfers()}:
+    for src, dst, _ in compiled.connection_ends:
         threads[src] += 1
         threads[dst] += 1
     return dict(zip(compiled.nodes, threads))
@@ -227,8 +231,8 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, machines: 
                   latency=None) -> PlannedPoint:
     """The point's layout and prediction, as the driver will build them; SpecError naming
     the point if its algorithm cannot run there, or if its agents would not fit the memory of
-    the `machines` they run on (default: this host, unchecked). `latency`: a calibrate.Latency (default: as
-    measured on the lab, `latency_of`; else α is 0)."""
+    the `machines` they run on (default: this host, unchecked). `latency`: a
+    calibrate.Latency (default: as measured on the lab, `latency_of`; else α is 0)."""
     _framework_fits(point, source)
     iterations = point.iterations or spec.iterations
     latency = latency if latency is not None else latency_of(spec, point.lab)
@@ -285,8 +289,7 @@ def predict_point(spec: ExperimentSpec, point: RunPoint, source: str, machines: 
     per_node = threads_by_node(compiled)
     for index, nodes in machines.spread(point.lab, topology_of(point.lab), list(per_node)).items():
         threads_on[index] = sum(per_node[node] for node in nodes)
-    return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled,
-                        agent_threads(compiled), threads_on)
+    return PlannedPoint(point, ranks, tensors, compiled.prediction, faults, drawn, iterations, compiled, threads_on)
 
 
 def _job_index(spec: ExperimentSpec, point: RunPoint) -> int:
