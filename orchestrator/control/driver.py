@@ -142,6 +142,7 @@ def run(
     transport: str = transports.DEFAULT,
     trace: bool = False,
     compiled: CompiledRun | None = None,
+    prepare: Callable[[CompiledRun], None] | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -179,6 +180,8 @@ def run(
     `compiled`: this run as the plan compiled it (cost/compiled.py, with its prediction on
     `network`): an attempt over the servers it was compiled for runs it as it is, schedules
     and prediction, instead of compiling it again (a re-formed membership compiles its own).
+    `prepare(compiled)`: called with each attempt's compiled run before its agents open their
+    connections (a lab sizes its NICs' super-packets by its smallest transfer).
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -188,7 +191,7 @@ def run(
     except ValueError as exc:
         raise RunError(str(exc)) from None
     how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
-               flow_paths, transport, trace, compiled)
+               flow_paths, transport, trace, compiled, prepare)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -212,6 +215,7 @@ class _How:
     transport: str = transports.DEFAULT
     trace: bool = False
     compiled: CompiledRun | None = None  # as planned (run's `compiled`)
+    prepare: Callable[[CompiledRun], None] | None = None  # before the agents connect (run's `prepare`)
 
 
 @dataclass
@@ -285,6 +289,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
 
     with control_stubs(endpoints) as stubs, ThreadPoolExecutor(max_workers=16) as pool:
         _stop_stale(endpoints, stubs, pool)
+        if how.prepare is not None:
+            how.prepare(compiled)
         list(pool.map(lambda e: configure(stubs[e.control], e), endpoints))  # agents connect
         started = time.monotonic()
         repaced = None

@@ -62,8 +62,9 @@ class LabAgents(list):
         --latency-only --lab` measured it; 0 leaves it out), stalls named with the link that is
         down; each link-degrade with a rate in effect while it ran, beside the model's prediction
         of the iterations it held from start to end (after the first, when it ran more), in
-        `result.under_faults` (as `testbed run`'s results.json has them). `faithful=False` runs
-        unpaced and unpredicted. `more`: driver.run's other arguments (partition_bytes,
+        `result.under_faults` (as `testbed run`'s results.json has them). The servers' NICs
+        build super-packets sized for the run's smallest transfer, as `testbed run`'s do.
+        `faithful=False` runs unpaced and unpredicted. `more`: driver.run's other arguments (partition_bytes,
         credit_bytes, timeout, survive, trace, …)."""
         from orchestrator.cost import Network
         from orchestrator.control import driver, workloads
@@ -78,6 +79,7 @@ class LabAgents(list):
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency, wire=wire),
                              link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
+        more.setdefault("prepare", lambda compiled: self.lab.fit_super_packets(compiled.smallest_transfer))
         started = time.time()
         result = driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
                             **faithful_args, **more)

@@ -46,6 +46,28 @@ def test_opting_out_is_explicit(agents):
     assert result.predicted is None and all(r["verified"] for r in result.records())
 
 
+def test_a_run_sizes_its_servers_super_packets_as_testbed_run_does(agents):
+    """The API's run sizes the servers' NICs' super-packets for its smallest transfer, as
+    `testbed run` does per point (a few super-packets per transfer, not one whole transfer
+    leaving at once): small tensors get small ones, a large gradient the size built."""
+    from orchestrator.emulation import features, kernel
+    from orchestrator.emulation.lab import LEGACY_GSO_BYTES, super_packet_bytes
+
+    lab = agents.lab
+    largest = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
+
+    def server_sizes() -> set[int]:
+        with kernel.Netlink() as nl:
+            return {kernel.links_in(nl, lab.plan.namespaces[s.name])[nic.name]["gso_ipv4_bytes"]
+                    for s in lab.topology.servers for nic in s.data_nics()}
+
+    for tensors in ([2048] * 4, [2 << 20] * 4):  # 32 KiB and 32 MiB in all
+        result = agents.run("ring", tensors, iterations=1, faithful=False)
+        smallest = result.compiled.smallest_transfer
+        assert server_sizes() == {super_packet_bytes(smallest, largest)}, (tensors, smallest)
+    assert server_sizes() == {largest}  # 32 MiB over 16 ranks: 2 MiB transfers take the largest
+
+
 def _when_every_agent_reaches(agents, iteration: int, previous: set[str], deadline: float) -> None:
     """Wait (polling Status) until every agent runs a run other than `previous` at `iteration`
     or later; AssertionError at `deadline`."""
