@@ -36,13 +36,15 @@ from orchestrator.deploy.agents import (
 from orchestrator.collectives.context import Context
 from orchestrator.control.driver import Endpoint, RunResult, shutdown
 from orchestrator.control.iterations import degrades_of, under_degrades
+from orchestrator.cost.compiled import CompiledRun
 from orchestrator.cost.routes import Routes
 from orchestrator.errors import BadUsage, TestbedError
 
 log = logging.getLogger("testbed.agents")
 
 __all__ = ["CONTROL_PORT", "DATA_PORT", "METRICS_PORT", "MIN_WINDOW", "LabAgents", "agent_token", "endpoints",
-           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop", "under_faults"]
+           "flow_paths", "flow_window", "lab_secret", "nic_addresses", "start", "start_direct", "stop",
+           "super_packets_of", "under_faults"]
 
 
 class LabAgents(list):
@@ -79,7 +81,7 @@ class LabAgents(list):
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency, wire=wire),
                              link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
-        more.setdefault("prepare", lambda compiled: self.lab.fit_super_packets(compiled.smallest_transfer))
+        more.setdefault("prepare", super_packets_of(self.lab))
         started = time.time()
         result = driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
                             **faithful_args, **more)
@@ -90,6 +92,13 @@ class LabAgents(list):
             except (TestbedError, ValueError, OSError) as exc:  # the run's own figures stand without them
                 log.warning("link-degrades during the run not priced: %s", exc)
         return result
+
+
+def super_packets_of(lab) -> Callable[[CompiledRun], None]:
+    """driver.run's `prepare` for a lab: each attempt sizes its servers' super-packets for
+    its smallest transfer (a re-formed membership for its own, a job for its servers alone;
+    emulation/lab.py says why a few per transfer)."""
+    return lambda compiled: lab.fit_super_packets(compiled.smallest_transfer, set(compiled.nodes))
 
 
 def under_faults(lab, result: RunResult, since: float, until: float, warmup: int = 1) -> list[dict]:

@@ -995,14 +995,16 @@ def read_rate(nl: Netlink, ns: str | None, ifname: str) -> int | None:
 
 
 def links_in(nl: Netlink, ns: str | None) -> dict[str, dict]:
-    """name → {state, up, carrier, mtu, gso_ipv4_bytes, rx_bytes, tx_bytes, rx_packets,
-    tx_packets} of a namespace. Decoded here, only these attributes: pyroute2 decodes every
+    """name → {state, up, carrier, mtu, gso_ipv4_bytes, tso_max_bytes, rx_bytes, tx_bytes,
+    rx_packets, tx_packets} of a namespace. Decoded here, only these attributes: pyroute2 decodes every
     attribute of every link (~0.4 ms a link), and settling a big lab polls them all."""
     return dict(parse_link(message) for message in nl.dump(ns, GET_LINKS, f"links of {ns or 'root'}"))
 
 
 IFLA_MTU, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER, IFLA_GSO_IPV4_MAX_SIZE = 4, 16, 23, 33, 63
-LINK_FACTS = frozenset({IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER, IFLA_GSO_IPV4_MAX_SIZE})
+IFLA_TSO_MAX_SIZE = 59  # the largest super-packet the device takes (Linux 5.19+)
+LINK_FACTS = frozenset({IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_STATS64, IFLA_CARRIER, IFLA_GSO_IPV4_MAX_SIZE,
+                        IFLA_TSO_MAX_SIZE})
 OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")  # IF_OPER_*
 GET_LINKS = _message(18, NLM_F_REQUEST | 0x300, bytes(16))  # RTM_GETLINK, NLM_F_DUMP, an empty ifinfomsg
 
@@ -1117,6 +1119,7 @@ def parse_link(message: bytes) -> tuple[str, dict]:
         "carrier": bool(attrs[IFLA_CARRIER][0]) if IFLA_CARRIER in attrs else False,
         "mtu": u32(IFLA_MTU),
         "gso_ipv4_bytes": u32(IFLA_GSO_IPV4_MAX_SIZE),
+        "tso_max_bytes": u32(IFLA_TSO_MAX_SIZE),  # None on a kernel that does not say
         "rx_bytes": stats[2], "tx_bytes": stats[3], "rx_packets": stats[0], "tx_packets": stats[1],
     }
 

@@ -409,18 +409,22 @@ class Lab:
                     kernel.set_leaf(nl, ns[end.node], end.interface, queue, delay_s, jitter_s, loss_percent,
                                     self.leaf(end.node, other.node))
 
-    def fit_super_packets(self, smallest_transfer: int) -> int:
+    def fit_super_packets(self, smallest_transfer: int, servers: Collection[str] | None = None) -> int:
         """Size the super-packets the servers' NICs build for a run whose smallest transfer
         is `smallest_transfer` bytes (`super_packet_bytes`); the connections the run opens
-        take it. The size set."""
+        take it. `servers`: the run's (a job's own, when jobs run at once); default all.
+        A NIC whose device takes less (a VXLAN wire between hosts: 64 KiB) takes its most.
+        The size set."""
         largest = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
         size = super_packet_bytes(smallest_transfer, largest)
         ns = self.plan.namespaces
         with kernel.Netlink() as nl:
             for server in self.topology.servers:
-                if self.here(server.name):
+                if self.here(server.name) and (servers is None or server.name in servers):
+                    devices = kernel.links_in(nl, ns[server.name])
                     for nic in server.data_nics():
-                        kernel.set_gso(nl, ns[server.name], nic.name, size, largest > LEGACY_GSO_BYTES)
+                        most = devices.get(nic.name, {}).get("tso_max_bytes") or size
+                        kernel.set_gso(nl, ns[server.name], nic.name, min(size, most), largest > LEGACY_GSO_BYTES)
         return size
 
     def server_processes(self, server: str) -> list[dict]:

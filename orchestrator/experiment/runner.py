@@ -324,7 +324,6 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iteration, iterations)
 
     planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
-    lab.fit_super_packets(planned.compiled.smallest_transfer)  # (emulation/lab.py: few per transfer, uneven ends)
     watcher = _IterationWatcher(eps, iterations, on_iteration)
     rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
     result = None
@@ -338,7 +337,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                     credit_bytes=point.partitioning.credit_bytes, timeout=spec.timeout,
                                     network=planned.prediction.network, link_state=lab.link_up,
                                     flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
-                                    rejoin=rejoiner, transport=spec.agents.transport, compiled=planned.compiled)
+                                    rejoin=rejoiner, transport=spec.agents.transport, compiled=planned.compiled,
+                                    prepare=lab_agents.super_packets_of(lab))
         except driver.RunError as exc:
             entry["status"], entry["error"] = "failed", str(exc)
         except BaseException as exc:
@@ -419,7 +419,7 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     spec, point = plan.spec, planned.point
     framework = frameworks.get(point.algorithm.framework)
     workers = list(planned.layout.workers)
-    lab.fit_super_packets(compiled_point(spec, planned).smallest_transfer)
+    lab_agents.super_packets_of(lab)(compiled_point(spec, planned))
     entry.update(status="running", framework=framework.name)
     job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, planned.iterations, spec.timeout,
                          lambda iteration: progress("run", point.id, iteration, planned.iterations))

@@ -195,10 +195,10 @@ def shape_part(name: str, link: int, *shape) -> None:
     lab.set_link_shape(lab.topology.links[link], *shape)
 
 
-def super_packets_part(name: str, smallest_transfer: int) -> int:
+def super_packets_part(name: str, smallest_transfer: int, servers: list[str] | None = None) -> int:
     from orchestrator.emulation.lab import Lab
 
-    return Lab.attach(name).fit_super_packets(smallest_transfer)
+    return Lab.attach(name).fit_super_packets(smallest_transfer, servers)
 
 
 def server_part(name: str, what: str, server: str, *args):

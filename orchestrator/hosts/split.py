@@ -263,9 +263,12 @@ class SplitLab:
         self._on_hosts({self.placement.host_of[link.a.node], self.placement.host_of[link.b.node]}, parts.shape_part,
                        self.link_index([link])[0], rate_bps, delay_s, jitter_s, loss_percent, queue_too)
 
-    def fit_super_packets(self, smallest_transfer: int) -> int:
-        """As `Lab.fit_super_packets`, on every host (each sizes its servers' NICs)."""
-        return min(self._on_hosts(self.host_names, parts.super_packets_part, smallest_transfer).values())
+    def fit_super_packets(self, smallest_transfer: int, servers: Collection[str] | None = None) -> int:
+        """As `Lab.fit_super_packets`, on the hosts of `servers` (default every host; each
+        sizes its servers' NICs)."""
+        hosts = self.host_names if servers is None else {self.placement.host_of[s] for s in servers}
+        chosen = None if servers is None else sorted(servers)
+        return min(self._on_hosts(hosts, parts.super_packets_part, smallest_transfer, chosen).values())
 
     def server_processes(self, server: str) -> list[dict]:
         return self.engine.run_on(self.placement.host_of[server], parts.server_part, self.name, "processes", server)

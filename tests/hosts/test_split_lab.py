@@ -15,7 +15,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.emulation import kernel
+from orchestrator.emulation import features, kernel
+from orchestrator.emulation.lab import super_packet_bytes
 from orchestrator.emulation.journal import state_root
 from orchestrator.hosts import split
 from orchestrator.spec import lab_from_argument
@@ -105,9 +106,15 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
     built = split.up(spec, connected, [Host(h, mtu=9000) for h in hosts.names], hosts.underlay)
     try:
         agents = lab_agents.start_direct(built)
+        small = agents.run(algorithm, [4096], iterations=1, faithful=False)  # 16 KiB: small super-packets
+        assert set(super_packets(built, hosts).values()) == {64 * 1024}, small.compiled.smallest_transfer
         tensors = [1 << 20]  # 4 MiB
         result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=5)
         shutdown(list(agents))
+        sized = super_packet_bytes(result.compiled.smallest_transfer, kernel.BIG_GSO_BYTES
+                                   if features.kernel_features()["big_tcp"] else 64 * 1024)
+        # each host sized its own servers; a VXLAN wire takes at most what its device does
+        assert super_packets(built, hosts) == {nic: min(sized, most) for nic, most in device_limits(built, hosts).items()}
     finally:
         split.down(built)
     assert not (state_root() / "split" / "spag").exists()  # its secret went with it
@@ -115,6 +122,22 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
     seconds = statistics.mean(result.back_to_back_times())
     print(f"{algorithm} on {argument} split over two hosts: {seconds:.3f} s, predicted {result.predicted.per_run:.3f} s")
     assert 0.90 <= seconds / result.predicted.per_run <= 1.10
+
+
+def super_packets(built, hosts, fact: str = "gso_ipv4_bytes") -> dict[str, int]:
+    """Each server's data NICs' super-packet size (`fact`), read in its namespace on its host."""
+    sizes = {}
+    with kernel.Netlink() as nl:
+        for server in built.topology.servers:
+            links = kernel.links_in(nl, hosts.node_namespace(built.placement.host_of[server.name], built.name,
+                                                                server.name))
+            sizes.update({f"{server.name}/{nic.name}": links[nic.name][fact] for nic in server.data_nics()})
+    return sizes
+
+
+def device_limits(built, hosts) -> dict[str, int]:
+    """Each server's data NICs' largest super-packet its device takes (tso_max_bytes)."""
+    return super_packets(built, hosts, "tso_max_bytes")
 
 
 def spoofed_vxlan_is_dropped(built, hosts, namespace) -> None:

@@ -281,6 +281,9 @@ def test_a_run_of_small_transfers_gets_smaller_super_packets_from_the_servers_ni
     assert {v for (node, _), v in now.items() if node in servers} == {64 * 1024}
     assert {v for (node, _), v in now.items() if node not in servers} == {built}
     assert lab.fit_super_packets(8 * 2**20) == built and set(sizes().values()) == {built}
+    one = sorted(servers)[0]  # a job's servers alone: the others' keep what they have
+    assert lab.fit_super_packets(512 * 1024, {one}) == 64 * 1024
+    assert {node for (node, _), v in sizes().items() if v == 64 * 1024} == {one}
 
 
 def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):

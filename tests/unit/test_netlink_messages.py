@@ -123,12 +123,22 @@ def test_links_are_read_as_pyroute2_reads_them():
     body = struct.pack("=BBHiII", 0, 0, 1, 4, kernel.IFF_UP, 0)
     for kind, payload in [(kernel.IFLA_IFNAME, b"h0-eth0\0"), (kernel.IFLA_MTU, struct.pack("=I", 1500)),
                           (kernel.IFLA_OPERSTATE, b"\x06"), (kernel.IFLA_CARRIER, b"\x01"),
-                          (kernel.IFLA_STATS64, stats), (kernel.IFLA_GSO_IPV4_MAX_SIZE, struct.pack("=I", 262144))]:
+                          (kernel.IFLA_STATS64, stats), (kernel.IFLA_GSO_IPV4_MAX_SIZE, struct.pack("=I", 262144)),
+                          (kernel.IFLA_TSO_MAX_SIZE, struct.pack("=I", 65536))]:
         body += kernel._attr(kind, payload)
     name, facts = kernel.parse_link(kernel._message(kernel.RTM_NEWLINK, 0, body))
     assert name == "h0-eth0"
     assert facts == {"state": "UP", "up": True, "carrier": True, "mtu": 1500, "gso_ipv4_bytes": 262144,
-                     "rx_bytes": 700, "tx_bytes": 800, "rx_packets": 7, "tx_packets": 8}
+                     "tso_max_bytes": 65536, "rx_bytes": 700, "tx_bytes": 800, "rx_packets": 7, "tx_packets": 8}
+
+
+def test_the_link_attributes_decoded_are_numbered_as_pyroute2_names_them():
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    names = {i: entry[0] for i, entry in enumerate(ifinfmsg.nla_map)}
+    assert [names[n] for n in (kernel.IFLA_MTU, kernel.IFLA_OPERSTATE, kernel.IFLA_STATS64, kernel.IFLA_CARRIER,
+                               kernel.IFLA_TSO_MAX_SIZE)] == \
+        ["IFLA_MTU", "IFLA_OPERSTATE", "IFLA_STATS64", "IFLA_CARRIER", "IFLA_TSO_MAX_SIZE"]
 
 
 def test_bridge_port_and_link_lookup():
