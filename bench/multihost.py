@@ -7,8 +7,9 @@
 2. with `--labs`, each case (lab:algorithm) run on one host (netns) and split over two fake
    hosts (a dask worker each, links between them VXLAN wires), measured / predicted of each
    over the paths its connections hashed onto, the median of `--repeat` runs in each lab: the
-   two within 0.03, the split one ≤ 1.10 (single runs on a 2-core machine vary: one in three
-   or four came out 1.12-1.22 on one host and split alike, every rank slowed evenly, no drops);
+   two within 0.03, the split one ≤ 1.10, and this machine's busy core-seconds per GB the
+   agents sent in each (what an emulated byte costs split: each host of a real split carries
+   its share of the bytes at that cost);
 3. with `--bringup LAB`, the time to bring LAB up on one host and split over two fake hosts
    (their workers already running), pair by pair: split / one host ≤ 1.5.
 
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator import units  # noqa: E402
 from orchestrator.emulation import kernel  # noqa: E402
 from orchestrator.hosts.fake import fake_hosts  # noqa: E402
+from orchestrator.monitoring.exporter import host_cpu  # noqa: E402
 
 GOAL = 0.98
 QUEUE = 1000
@@ -82,13 +84,17 @@ def main() -> int:
     failed = any(row["median"] < GOAL for row in rows)
     cases = []
     for case in _cases(args.labs):
-        one, two = split_against_one(*case, args.mbytes, args.iterations, args.lab_rate, max(1, args.repeat))
+        (one, one_cpu), (two, two_cpu) = split_against_one(*case, args.mbytes, args.iterations, args.lab_rate,
+                                                            max(1, args.repeat))
         off = abs(one - two)
         failed |= off > SPLIT_WITHIN or two > BAND
         cases.append({"lab": case[0], "algorithm": case[1], "one_host": round(one, 4), "split": round(two, 4),
-                      "difference": round(off, 4)})
+                      "difference": round(off, 4), "cpu_s_per_gb_one_host": round(one_cpu, 3),
+                      "cpu_s_per_gb_split": round(two_cpu, 3)})
         print(f"{case[0]} {case[1]}: measured / predicted on one host {one:.3f}, split over two {two:.3f} "
-              f"(difference {off:.3f}, goal ≤ {SPLIT_WITHIN}; split ≤ {BAND})", flush=True)
+              f"(difference {off:.3f}, goal ≤ {SPLIT_WITHIN}; split ≤ {BAND}); this machine's busy core-s per GB "
+              f"the agents sent: one host {one_cpu:.3f}, split {two_cpu:.3f} (split / one {two_cpu / one_cpu:.2f})",
+              flush=True)
     bringups = []
     if args.bringup:
         times = bringup(args.bringup, args.pairs)
@@ -203,9 +209,12 @@ def _cases(text: str) -> list[tuple[str, str]]:
 
 
 def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, rate: str,
-                      repeat: int = 1) -> tuple[float, float]:
-    """measured / predicted of `algorithm` on `lab` (links at `rate`), on one host, then split
-    over two: the median of `repeat` runs in each."""
+                      repeat: int = 1) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(measured / predicted, busy core-s per GB sent) of `algorithm` on `lab` (links at
+    `rate`), on one host, then split over two: the medians of `repeat` runs in each. The CPU
+    is this whole machine's over each run (both fake hosts, their workers and the
+    orchestrator): what one emulated byte costs here, split or not; with each host on its
+    own machine, each would carry its share of the bytes at that cost."""
     import tempfile
 
     from orchestrator.control import workloads
@@ -220,19 +229,26 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
     tensors = [int(mbytes * 1e6 / 4)]
     spec = lab_from_argument(lab, name="mhb", **{"servers.runtime": "netns", "links.bandwidth": rate})
 
-    def ratio(result, where: str) -> float:
+    def ratio(agents, where: str) -> tuple[float, float]:
+        before = host_cpu()
+        result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=iterations)
+        after = host_cpu()
+        sent = sum(r.bytes_sent for res in result.results for r in res.records)
+        cpu = (after["busy"] - before["busy"]) / (sent / 1e9)
         times = result.back_to_back_times()
         value = statistics.mean(times) / result.predicted.per_run
         print(f"  {lab} {algorithm} {where}: {value:.3f} ({min(times):.3f}-{max(times):.3f} s per rank against "
-              f"{result.predicted.per_run:.3f} predicted)", flush=True)
-        return value
+              f"{result.predicted.per_run:.3f} predicted; {cpu:.3f} busy core-s per GB sent)", flush=True)
+        return value, cpu
+
+    def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs)
 
     ones, twos = [], []
     with Lab.up(spec) as live:
         for _ in range(repeat):
             agents = lab_agents.start(live, via="exec")
-            ones.append(ratio(agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=iterations),
-                              "one host"))
+            ones.append(ratio(agents, "one host"))
             lab_agents.stop(agents)
     with tempfile.TemporaryDirectory() as directory, \
             engine_on_fake_hosts(Path(directory), ["x", "y"], own_state=True) as (engine, hosts, _, _):
@@ -240,12 +256,11 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
         try:
             for _ in range(repeat):
                 agents = lab_agents.start_direct(built)
-                twos.append(ratio(agents.run(algorithm, tensors, workloads.back_to_back(tensors),
-                                             iterations=iterations), "split"))
+                twos.append(ratio(agents, "split"))
                 shutdown(list(agents))
         finally:
             split.down(built)
-    return statistics.median(ones), statistics.median(twos)
+    return medians(ones), medians(twos)
 
 
 if __name__ == "__main__":
