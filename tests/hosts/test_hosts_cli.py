@@ -233,7 +233,8 @@ def test_hosts_file_refusals_are_one_line(cli, tmp_path):
 def test_a_split_runs_memory_is_held_against_the_machines_its_hosts_are(cli, tmp_path):
     """`testbed run --dry-run --hosts`: each host's worker says which machine it is and what it
     has; fake hosts are one machine (one boot id), so a gradient their agents cannot hold
-    together is refused naming both hosts, in one line; one they can is planned."""
+    together is refused naming both hosts, in one line; one they can is planned, its CPU need
+    not judged against this machine's calibration (its hosts' cores run it)."""
     from orchestrator.emulation.capacity import host_limits
 
     run, file, _, _ = cli
@@ -250,6 +251,7 @@ def test_a_split_runs_memory_is_held_against_the_machines_its_hosts_are(cli, tmp
                 done.stderr
         else:
             assert "ring" in done.stdout, done.stdout
+            assert "CPU: not judged: a split run's agents and links use its hosts' cores" in done.stdout, done.stdout
 
 
 def test_hosts_down_leaves_nothing(cli):
