@@ -229,7 +229,7 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
     tensors = [int(mbytes * 1e6 / 4)]
     spec = lab_from_argument(lab, name="mhb", **{"servers.runtime": "netns", "links.bandwidth": rate})
 
-    def ratio(agents, where: str) -> tuple[float, float]:
+    def measured(agents, where: str) -> tuple[float, float]:
         before = host_cpu()
         result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=iterations)
         after = host_cpu()
@@ -248,7 +248,7 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
     with Lab.up(spec) as live:
         for _ in range(repeat):
             agents = lab_agents.start(live, via="exec")
-            ones.append(ratio(agents, "one host"))
+            ones.append(measured(agents, "one host"))
             lab_agents.stop(agents)
     with tempfile.TemporaryDirectory() as directory, \
             engine_on_fake_hosts(Path(directory), ["x", "y"], own_state=True) as (engine, hosts, _, _):
@@ -256,7 +256,7 @@ def split_against_one(lab: str, algorithm: str, mbytes: float, iterations: int, 
         try:
             for _ in range(repeat):
                 agents = lab_agents.start_direct(built)
-                twos.append(ratio(agents, "split"))
+                twos.append(measured(agents, "split"))
                 shutdown(list(agents))
         finally:
             split.down(built)

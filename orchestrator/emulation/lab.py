@@ -69,6 +69,12 @@ LEGACY_GSO_BYTES = 64 * 1024  # a super-packet's limit on a kernel without BIG T
 SUPER_PACKETS_PER_TRANSFER = 8
 
 
+def largest_super_packet() -> int:
+    """The super-packet size a lab's NICs are built with on this kernel: BIG TCP's, else
+    the kernel's own 64 KiB."""
+    return kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
+
+
 def super_packet_bytes(smallest_transfer: int, largest: int) -> int:
     """The super-packet size for a run whose smallest transfer is `smallest_transfer` bytes:
     the largest power of two that gives it SUPER_PACKETS_PER_TRANSFER, within
@@ -415,7 +421,7 @@ class Lab:
         take it. `servers`: the run's (a job's own, when jobs run at once); default all.
         A NIC whose device takes less (a VXLAN wire between hosts: 64 KiB) takes its most.
         The size set."""
-        largest = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
+        largest = largest_super_packet()
         size = super_packet_bytes(smallest_transfer, largest)
         ns = self.plan.namespaces
         with kernel.Netlink() as nl:

@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.emulation import features, kernel
-from orchestrator.emulation.lab import super_packet_bytes
+from orchestrator.emulation import kernel
+from orchestrator.emulation.lab import largest_super_packet, super_packet_bytes
 from orchestrator.emulation.journal import state_root
 from orchestrator.hosts import split
 from orchestrator.spec import lab_from_argument
@@ -111,8 +111,7 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
         tensors = [1 << 20]  # 4 MiB
         result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=5)
         shutdown(list(agents))
-        sized = super_packet_bytes(result.compiled.smallest_transfer, kernel.BIG_GSO_BYTES
-                                   if features.kernel_features()["big_tcp"] else 64 * 1024)
+        sized = super_packet_bytes(result.compiled.smallest_transfer, largest_super_packet())
         # each host sized its own servers; a VXLAN wire takes at most what its device does
         assert super_packets(built, hosts) == {nic: min(sized, most) for nic, most in device_limits(built, hosts).items()}
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.emulation import Lab, cleanup, features, kernel
+from orchestrator.emulation.lab import largest_super_packet
 from orchestrator.emulation.journal import LabState
 from orchestrator.errors import LabExists, MissingFeature, NodeNotFound
 from orchestrator.spec import lab_from_argument
@@ -266,7 +267,7 @@ def test_a_run_of_small_transfers_gets_smaller_super_packets_from_the_servers_ni
     apart: a run sizes its servers' NICs for its smallest transfer (at least 8 each, never
     below 64 KiB or above what the lab was built with); the switches' ends keep theirs."""
     lab = make_lab("bcube,2,1", **{"servers.runtime": "netns"})
-    built = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else 64 * 1024
+    built = largest_super_packet()
 
     def sizes() -> dict[tuple[str, str], int]:
         with kernel.Netlink() as nl:

@@ -50,11 +50,11 @@ def test_a_run_sizes_its_servers_super_packets_as_testbed_run_does(agents):
     """The API's run sizes the servers' NICs' super-packets for its smallest transfer, as
     `testbed run` does per point (a few super-packets per transfer, not one whole transfer
     leaving at once): small tensors get small ones, a large gradient the size built."""
-    from orchestrator.emulation import features, kernel
-    from orchestrator.emulation.lab import LEGACY_GSO_BYTES, super_packet_bytes
+    from orchestrator.emulation import kernel
+    from orchestrator.emulation.lab import largest_super_packet, super_packet_bytes
 
     lab = agents.lab
-    largest = kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
+    largest = largest_super_packet()
 
     def server_sizes() -> set[int]:
         with kernel.Netlink() as nl:
