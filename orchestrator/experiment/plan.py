@@ -19,6 +19,7 @@ from orchestrator.collectives.context import Context
 from orchestrator.collectives.partition import check_gradient_bytes, partitions
 from orchestrator.cost import Network, Prediction
 from orchestrator.cost.compiled import CompiledRun, compile_run
+from orchestrator.cost.routes import Routes
 from orchestrator import frameworks
 from orchestrator.errors import FaultError, SpecError
 from orchestrator.cost.simulate import ModelTooLarge
@@ -369,21 +370,40 @@ def compiled_point(spec: ExperimentSpec, planned: PlannedPoint) -> CompiledRun:
         planned.prediction.network, topology_of(planned.point.lab), **_compute(spec, planned.point, planned.compute))
 
 
-def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[tuple[str, str], float]) -> Prediction:
-    """The point's prediction (same schedules, α and cores) with some link directions at other
-    rates, bit/s: what the model expects of the iterations a `link-degrade` holds."""
-    topology = topology_of(planned.point.lab).with_rates(rates)
-    return compiled_point(spec, planned).predicted(planned.prediction.network, topology,
+def _over(topology: Topology, paths: Routes | None) -> Routes | None:
+    """`paths` (the ones a run's connections hashed onto) on `topology`; None: the even spread."""
+    return None if paths is None else Routes(topology, paths.pinned, paths.underlay)
+
+
+def predict_over_paths(spec: ExperimentSpec, planned: PlannedPoint, paths: Routes) -> Prediction:
+    """The point's prediction (same schedules, α, cores and compute) over the paths its
+    connections took (`paths`: driver.run's, read once they were open) in place of the plan's
+    even ECMP spread, which a run cannot know before its connections hash."""
+    topology = topology_of(planned.point.lab)
+    return compiled_point(spec, planned).predicted(planned.prediction.network, topology, _over(topology, paths),
+                                                   attribute=True,
                                                    **_compute(spec, planned.point, planned.compute)).prediction
 
 
-def predict_with_compute(spec: ExperimentSpec, planned: PlannedPoint, compute: list[list[float]]) -> Prediction | None:
-    """The point's prediction (same schedules, routes, α and cores) with its workers computing
-    for the seconds `compute` [iteration][worker] they measured: the skew between them, as
-    the run's sync times count it (cost/predict.py `_stragglers`). None when the model cannot
-    take that many iterations."""
+def predict_with_rates(spec: ExperimentSpec, planned: PlannedPoint, rates: dict[tuple[str, str], float],
+                       paths: Routes | None = None) -> Prediction:
+    """The point's prediction (same schedules, α and cores; over `paths` when given, see
+    `predict_over_paths`) with some link directions at other rates, bit/s: what the model
+    expects of the iterations a `link-degrade` holds."""
+    topology = topology_of(planned.point.lab).with_rates(rates)
+    return compiled_point(spec, planned).predicted(planned.prediction.network, topology, _over(topology, paths),
+                                                   **_compute(spec, planned.point, planned.compute)).prediction
+
+
+def predict_with_compute(spec: ExperimentSpec, planned: PlannedPoint, compute: list[list[float]],
+                         paths: Routes | None = None) -> Prediction | None:
+    """The point's prediction (same schedules, α and cores; over `paths` when given, see
+    `predict_over_paths`) with its workers computing for the seconds `compute`
+    [iteration][worker] they measured: the skew between them, as the run's sync times count
+    it (cost/predict.py `_stragglers`). None when the model cannot take that many iterations."""
+    topology = topology_of(planned.point.lab)
     prediction = compiled_point(spec, planned).predicted(
-        planned.prediction.network, topology_of(planned.point.lab), attribute=True, compute_s=0.0, compute=compute,
+        planned.prediction.network, topology, _over(topology, paths), attribute=True, compute_s=0.0, compute=compute,
         warmup=spec.warmup).prediction
     return prediction if prediction.parts is not None and "skew" in prediction.parts else None
 

@@ -43,6 +43,8 @@ COLUMNS = {
     "predicted_bandwidth_s": lambda p: _part(p, "bandwidth"), "predicted_latency_s": lambda p: _part(p, "latency"),
     "predicted_waiting_s": lambda p: _part(p, "waiting"), "predicted_skew_s": lambda p: _part(p, "skew"),
     "predicted_compute": lambda p: _get(p, "predicted", "compute"),
+    "predicted_routes": lambda p: _get(p, "predicted", "routes"),
+    "planned_s": lambda p: _get(p, "predicted", "planned_seconds"),
     "ratio": lambda p: p.get("ratio"), "algbw_bytes_per_s": lambda p: p.get("algbw_bytes_per_s"),
     "busbw_bytes_per_s": lambda p: p.get("busbw_bytes_per_s"),
     "iteration_mean_s": lambda p: _get(p, "iteration_s", "mean"),
@@ -83,8 +85,9 @@ def _attribution_lines(results: dict) -> list[str]:
         shares = [f"{_seconds(parts.get(k))} ({(parts.get(k) or 0) / total:.0%})" if parts.get(k) is not None else "–"
                   for k in ("bandwidth", "latency", "waiting", "skew")]
         computed = _get(p, "predicted", "compute") or ("drawn" if parts.get("skew") is not None else "–")
+        routes = _get(p, "predicted", "routes") or "–"
         rows.append(f"| {p['id']} | {_seconds(total)} | " + " | ".join(shares)
-                    + f" | {computed} | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
+                    + f" | {computed} | {routes} | {'–' if alpha is None else f'{alpha * 1e6:,.0f}'} |")
     if not rows:
         return []
     return ["", "## Where the model puts the time", "",
@@ -93,9 +96,11 @@ def _attribution_lines(results: dict) -> list[str]:
             "cost/latency.py), ranks waiting on each other while that link idles (waiting), and workers "
             "entering apart (skew): from the compute stragglers were drawn, or, for real training, from the "
             "compute each worker measured (the point is then predicted again after its run; the plan's "
-            "figure is `planned_seconds` in results.json).", "",
-            "| point | predicted s | bandwidth s | latency s | waiting s | skew s | compute | α µs |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+            "figure is `planned_seconds` in results.json). On a lab with ECMP each point is predicted "
+            "over the paths its connections hashed onto (routes: hashed), which its plan, spreading them "
+            "evenly, could not know; the plan's figure is `planned_seconds` there too.", "",
+            "| point | predicted s | bandwidth s | latency s | waiting s | skew s | compute | routes | α µs |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def render(directory: Path, results: dict | None = None) -> list[Path]:

@@ -28,7 +28,7 @@ from orchestrator.errors import TestbedError
 from orchestrator.experiment import results as results_lib
 from orchestrator.experiment import calibrate, jobs, snapshot, verdict, workloads
 from orchestrator.experiment.plan import (Plan, PlannedPoint, compiled_point, context, latency_of, plan_points,
-                                         predict_with_compute, predict_with_rates, topology_of)
+                                         predict_over_paths, predict_with_compute, predict_with_rates, topology_of)
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
@@ -354,19 +354,48 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iterations, iterations)
         records = result.records()
         entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]  # measured_point reads it
+        paths = _hashed_paths(result)
+        if paths is not None:
+            _predict_over(spec, planned, paths, entry)
         if workloads.compute_measured(point.workload) and not faults and len(result.history) <= 1:  # one membership
-            _predict_with_measured_compute(spec, planned, records, entry, workers)
+            _predict_with_measured_compute(spec, planned, records, entry, workers, paths)
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
-        entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup)
+        entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup, paths)
     entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8)
     return any(f.action.startswith("server-") for f in faults)
 
 
-def _predict_with_measured_compute(spec, planned: PlannedPoint, records: list[dict], entry: dict, workers: int) -> None:
+def _hashed_paths(result: driver.RunResult):
+    """The paths the run's connections hashed onto (cost.routes.Routes), when the driver
+    predicted over them (a lab with ECMP) and the run kept one membership; else None."""
+    compiled = result.compiled
+    if result.predicted is None or compiled is None or compiled.routes is None or len(result.history) > 1:
+        return None
+    return compiled.routes if compiled.routes.pinned else None
+
+
+def _predict_over(spec, planned: PlannedPoint, paths, entry: dict) -> None:
+    """A point on a lab with ECMP: predicted again over the paths its connections hashed onto,
+    which the plan could not know (it spreads them evenly). Two connections hashed onto one
+    link direction take twice as long there, and that is the network's doing, not the lab's
+    or the model's: bigraph 4×2's ring at 4 MiB, 50 Mbit, measured 2.015 × the even
+    spread's prediction, and its connections' paths said why. The plan's figure is kept
+    beside (`planned_seconds`)."""
+    prediction = predict_over_paths(spec, planned, paths)
+    predicted = entry["predicted"]
+    predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]),
+                     seconds=prediction.per_run, alone_seconds=prediction.seconds, algbw_bytes_per_s=prediction.algbw,
+                     busbw_bytes_per_s=prediction.busbw, link_bytes=prediction.link_bytes, parts=prediction.parts,
+                     routes="hashed")
+    entry["bytes_per_link"]["predicted_per_allreduce"] = prediction.link_bytes
+
+
+def _predict_with_measured_compute(spec, planned: PlannedPoint, records: list[dict], entry: dict, workers: int,
+                                   paths=None) -> None:
     """A point whose workers' compute is their own (real training): predicted again with the
     compute each worker measured in each iteration, which the plan could not know. The time
     a synchronisation waits for the slowest worker to enter is then the model's, not a gap
@@ -379,10 +408,11 @@ def _predict_with_measured_compute(spec, planned: PlannedPoint, records: list[di
     if not table or any(len(row) != workers for row in table.values()) or sorted(table) != list(range(len(table))):
         return  # not every worker's every iteration: the plan's prediction stands
     compute = [[table[i][w] for w in range(workers)] for i in range(len(table))]
-    prediction = predict_with_compute(spec, planned, compute)
+    prediction = predict_with_compute(spec, planned, compute, paths)
     if prediction is None:
         return
-    entry["predicted"].update(planned_seconds=entry["predicted"]["seconds"], seconds=prediction.per_run,
+    predicted = entry["predicted"]
+    predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]), seconds=prediction.per_run,
                               parts=prediction.parts, compute="measured")
 
 
@@ -465,10 +495,11 @@ def _back_to_back(records: list[dict], warmup: int) -> float:
     return sum(times) / len(times)
 
 
-def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events: list[dict], warmup: int) -> list[dict]:
+def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events: list[dict], warmup: int,
+                  paths=None) -> list[dict]:
     """Each `link-degrade` with a rate beside what the model predicts of the iterations it
-    held from start to end (after the warm-up): the same schedules with that link's rate
-    (control/iterations.py)."""
+    held from start to end (after the warm-up): the same schedules (over `paths`, the hashed
+    ones, when given) with that link's rate (control/iterations.py)."""
     options = {(f.event, f.action, f.target): f.options for f in planned.faults}
     degrades = []
     for event in events:
@@ -478,7 +509,7 @@ def _under_faults(plan: Plan, planned: PlannedPoint, records: list[dict], events
         degrades.append(Degrade(event["action"], event["target"], float(units.parse_rate(rate)),
                                 event["applied"], event.get("undone"), str(rate)))
     return under_degrades(records, degrades, warmup,
-                          lambda rates: predict_with_rates(plan.spec, planned, rates).per_run)
+                          lambda rates: predict_with_rates(plan.spec, planned, rates, paths).per_run)
 
 
 def _collect_partial(eps: list[driver.Endpoint], planned: PlannedPoint, entry: dict, warmup: int, workers: int) -> None:

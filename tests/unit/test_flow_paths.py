@@ -94,3 +94,72 @@ def test_a_pinned_path_off_the_topology_is_refused():
     routes = Routes(fattree, {("p0e0h0", fattree.address_of("p1e0h0")): ["p0e0h0", "p1e0h0"]})
     with pytest.raises(ValueError, match="crosses no link"):
         routes.usage("p0e0h0", "p1e0h0")
+
+
+BIGRAPH_RING = """\
+name: hashed
+lab:
+  name: ex-hashed
+  topology: {kind: bigraph, switches: 4, servers_per_switch: 2}
+  links: {bandwidth: 100Mbit}
+  servers: {runtime: netns}
+agents:
+  algorithms: [ring]
+  workload: {kind: back-to-back, size: 4MB}
+iterations: 3
+"""
+
+
+def _bigraph_point(tmp_path):
+    from orchestrator.experiment.plan import compiled_point, make_plan
+    from orchestrator.spec.experiment import load_experiment
+
+    source = tmp_path / "hashed.yaml"
+    source.write_text(BIGRAPH_RING)
+    spec = load_experiment(source)
+    [planned] = make_plan(spec, "hashed.yaml").points
+    return spec, planned, compiled_point(spec, planned)
+
+
+def test_a_run_point_is_predicted_again_over_the_paths_its_connections_hashed_onto(tmp_path):
+    """testbed run's point on an ECMP lab: the prediction its ratio is held against is over the
+    paths the run's connections took (here pinned: every connection between servers of one half
+    on the first of its two paths), with the plan's even spread kept as planned_seconds."""
+    from dataclasses import replace
+
+    from orchestrator.control.driver import RunResult
+    from orchestrator.experiment.runner import _hashed_paths, _predict_over, point_entry
+
+    spec, planned, compiled = _bigraph_point(tmp_path)
+    topology = compiled.routes.topology
+    nodes = list(compiled.nodes)
+    pinned = {}
+    for _, schedule in compiled.schedules:
+        for _, t in schedule.transfers():
+            src, address = nodes[t.src], topology.address_of(nodes[t.dst])
+            pinned[(src, address)] = topology.paths(src, address)[0]
+    hashed = replace(compiled, routes=Routes(topology, pinned))
+    result = RunResult("r", "ring", [], planned.size_bytes, 1.0, compiled.prediction, compiled=hashed)
+    assert _hashed_paths(result) is hashed.routes
+    # the plan's own routes (an even spread), no prediction, or a re-formed membership: none
+    assert _hashed_paths(replace(result, compiled=compiled)) is None
+    assert _hashed_paths(replace(result, predicted=None)) is None
+    assert _hashed_paths(replace(result, history=[object(), object()])) is None
+
+    entry = point_entry(spec, planned)
+    entry["bytes_per_link"] = {"predicted_per_allreduce": entry["predicted"]["link_bytes"]}
+    even = entry["predicted"]["seconds"]
+    _predict_over(spec, planned, hashed.routes, entry)
+    predicted = entry["predicted"]
+    assert predicted["routes"] == "hashed" and predicted["planned_seconds"] == even
+    # each connection's bytes along its one pinned path, nothing spread over the other
+    expected: dict[str, float] = {}
+    for _, schedule in compiled.schedules:
+        for _, t in schedule.transfers():
+            path = pinned[(nodes[t.src], topology.address_of(nodes[t.dst]))]
+            for a, b in zip(path, path[1:]):
+                expected[f"{a}→{b}"] = expected.get(f"{a}→{b}", 0) + t.length * 4
+    assert {k: v for k, v in predicted["link_bytes"].items() if v} == pytest.approx(expected)
+    assert entry["bytes_per_link"]["predicted_per_allreduce"] == predicted["link_bytes"]
+    assert {k: v for k, v in compiled.prediction.link_bytes.items() if v} != pytest.approx(expected)
+    assert predicted["parts"]["bandwidth"] > 0  # attributed, as the plan's is

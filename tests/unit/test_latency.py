@@ -256,8 +256,14 @@ def test_the_report_shows_where_the_model_puts_each_points_time():
                                                  "parts": {"bandwidth": 0.005, "latency": 0.010, "waiting": 0.001,
                                                            "skew": 0.004}}}
     [row] = [line for line in _attribution_lines({"points": [trained]}) if line.startswith("| 002-digits")]
-    assert "(20%) | measured | 1,500 |" in row
+    assert "(20%) | measured | – | 1,500 |" in row
     assert COLUMNS["predicted_skew_s"](trained) == 0.004 and COLUMNS["predicted_compute"](trained) == "measured"
+
+    hashed = {"id": "003-bigraph", "predicted": {"seconds": 2.4, "planned_seconds": 1.2, "routes": "hashed",
+                                                 "parts": {"bandwidth": 2.4, "latency": 0.0, "waiting": 0.0}}}
+    [row] = [line for line in _attribution_lines({"points": [hashed]}) if line.startswith("| 003-bigraph")]
+    assert row.endswith("| – | hashed | – |")  # over the paths its connections took
+    assert COLUMNS["predicted_routes"](hashed) == "hashed" and COLUMNS["planned_s"](hashed) == 1.2
 
 
 @pytest.mark.parametrize("content, says", [
