@@ -14,6 +14,7 @@ from orchestrator.cost import Network
 from orchestrator.deploy import lab_agents
 
 from orchestrator.control import driver, workloads
+from tests.unit.test_flow_paths import BIGRAPH_RING as UNIT_BIGRAPH_RING
 
 ELEMENTS = 250_000  # 1 MB
 PORT = transports.data_port(transports.DEFAULT, lab_agents.DATA_PORT)  # where the run's data connections go
@@ -96,17 +97,8 @@ def _connections(lab, server: str):
     return kernel.in_namespaces([space], lambda _: kernel.tcp_connections(PORT))[space]
 
 
-BIGRAPH_RING = """\
-name: hashed
-lab:
-  name: ex-hashed
-  topology: {kind: bigraph, switches: 4, servers_per_switch: 2}
-  links: {bandwidth: 100Mbit}
-  servers: {runtime: netns}
-agents:
-  algorithms: [ring]
-  workload: {kind: back-to-back, size: 1MB}
-iterations: 3
+# the unit test's experiment (ring on bigraph 4×2, 100 Mbit), swept over two sizes
+BIGRAPH_RING = UNIT_BIGRAPH_RING + """\
 warmup: 1
 sweep:
   sizes: [1MB, 4MB]
