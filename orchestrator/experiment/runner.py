@@ -354,7 +354,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         progress("run", point.id, iterations, iterations)
         records = result.records()
         entry["history"] = [dataclasses.asdict(epoch) for epoch in result.history]  # measured_point reads it
-        paths = _hashed_paths(result)
+        paths = _hashed_paths(result, planned)
         if paths is not None:
             _predict_over(spec, planned, paths, entry)
         if workloads.compute_measured(point.workload) and not faults and len(result.history) <= 1:  # one membership
@@ -369,11 +369,15 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     return any(f.action.startswith("server-") for f in faults)
 
 
-def _hashed_paths(result: driver.RunResult):
+def _hashed_paths(result: driver.RunResult, planned: PlannedPoint):
     """The paths the run's connections hashed onto (cost.routes.Routes), when the driver
-    predicted over them (a lab with ECMP) and the run kept one membership; else None."""
+    predicted over them (a lab with ECMP) and the run kept one membership; else None. Also
+    None for a job run together with others: its prediction is made with every job's flows
+    (experiment/jobs.py), which the driver's, of this job alone, would lose; such a point
+    keeps the plan's even spread."""
     compiled = result.compiled
-    if result.predicted is None or compiled is None or compiled.routes is None or len(result.history) > 1:
+    if result.predicted is None or compiled is None or compiled.routes is None or len(result.history) > 1 \
+            or planned.point.group is not None:
         return None
     return compiled.routes if compiled.routes.pinned else None
 

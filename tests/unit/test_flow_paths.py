@@ -140,11 +140,14 @@ def test_a_run_point_is_predicted_again_over_the_paths_its_connections_hashed_on
             pinned[(src, address)] = topology.paths(src, address)[0]
     hashed = replace(compiled, routes=Routes(topology, pinned))
     result = RunResult("r", "ring", [], planned.size_bytes, 1.0, compiled.prediction, compiled=hashed)
-    assert _hashed_paths(result) is hashed.routes
+    assert _hashed_paths(result, planned) is hashed.routes
     # the plan's own routes (an even spread), no prediction, or a re-formed membership: none
-    assert _hashed_paths(replace(result, compiled=compiled)) is None
-    assert _hashed_paths(replace(result, predicted=None)) is None
-    assert _hashed_paths(replace(result, history=[object(), object()])) is None
+    assert _hashed_paths(replace(result, compiled=compiled), planned) is None
+    assert _hashed_paths(replace(result, predicted=None), planned) is None
+    assert _hashed_paths(replace(result, history=[object(), object()]), planned) is None
+    # a job run together with others keeps its prediction with every job's flows
+    together = replace(planned, point=replace(planned.point, job="a", mode="together"))
+    assert _hashed_paths(result, together) is None
 
     entry = point_entry(spec, planned)
     entry["bytes_per_link"] = {"predicted_per_allreduce": entry["predicted"]["link_bytes"]}
