@@ -197,7 +197,7 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
                                 algorithm, mtu) for transport in transports]
         finally:
             lab_agents.stop(endpoints)
-        again = iperf3_ring(lab, servers)  # (see _baseline)
+        again = iperf3_ring(lab, servers)  # (_baseline says why)
     baseline = _baseline(first, again)
     for ring in rings:
         _against(ring, baseline)
@@ -230,14 +230,11 @@ def gloo_ring(lab, servers: int, mbytes: int, iterations: int) -> dict | None:
     return {"time_s": round(mean, 4), "ratio_to_link": round(busbw / lab.spec.links.bandwidth, 3)}
 
 
-# iperf3's baseline is taken twice, before the agents' rings and after them, and the mean is
-# what they are held against: one 15 s window before read 0.292 and 0.382 core-s per GB on
-# the same machine an hour apart, while the agents' own figure held (0.500, 0.495), and a
-# window on one side of the agents' minutes also carried whatever the machine did then.
-
-
 def _baseline(first: dict, again: dict) -> dict:
-    """iperf3's figures as the mean of its two windows (each kept, `windows`)."""
+    """iperf3's figures as the mean of its two windows, before the agents' rings and after
+    them (each kept, `windows`): one 15 s window before read 0.292 and 0.382 core-s per GB
+    on the same machine an hour apart while the agents' own figure held (0.500, 0.495), and
+    a window on one side of the agents' minutes also carried whatever the machine did then."""
     both = (first, again)
 
     def mean(key: str) -> float | None:

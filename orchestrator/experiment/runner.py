@@ -68,14 +68,17 @@ def point_entry(spec, planned: PlannedPoint) -> dict:
         # stragglers: the compute each worker was handed, [iteration][worker] (None: no skew)
         "compute_drawn": planned.compute,
         # what the run's time per synchronisation is held against: one allreduce of a run of them
-        "predicted": {"seconds": prediction.per_run, "alone_seconds": prediction.seconds,
-                      "algbw_bytes_per_s": prediction.algbw,
-                      "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes,
-                      "latency_s": prediction.network.latency, "peer_latency_s": prediction.network.peer_latency,
-                      "cores": prediction.network.cores,
-                      "parts": prediction.parts},
+        "predicted": {**_predicted_time(prediction), "latency_s": prediction.network.latency,
+                      "peer_latency_s": prediction.network.peer_latency, "cores": prediction.network.cores},
         "fault_events": [],
     }
+
+
+def _predicted_time(prediction) -> dict:
+    """What results.json's `predicted` holds of a prediction's time and bytes (point_entry's,
+    and again after a run that knows more: `_predict_over`)."""
+    return {"seconds": prediction.per_run, "alone_seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
+            "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes, "parts": prediction.parts}
 
 
 def start_results(plan: Plan, source: Path) -> dict:
@@ -392,9 +395,7 @@ def _predict_over(spec, planned: PlannedPoint, paths, entry: dict) -> None:
     prediction = predict_over_paths(spec, planned, paths)
     predicted = entry["predicted"]
     predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]),
-                     seconds=prediction.per_run, alone_seconds=prediction.seconds, algbw_bytes_per_s=prediction.algbw,
-                     busbw_bytes_per_s=prediction.busbw, link_bytes=prediction.link_bytes, parts=prediction.parts,
-                     routes="hashed")
+                     **_predicted_time(prediction), routes="hashed")
     entry["bytes_per_link"]["predicted_per_allreduce"] = prediction.link_bytes
 
 
@@ -417,7 +418,7 @@ def _predict_with_measured_compute(spec, planned: PlannedPoint, records: list[di
         return
     predicted = entry["predicted"]
     predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]), seconds=prediction.per_run,
-                              parts=prediction.parts, compute="measured")
+                     parts=prediction.parts, compute="measured")
 
 
 @contextmanager
