@@ -4,6 +4,7 @@ sizes, measured and predicted in the same run (issue 29).
 
     sudo .venv/bin/python bench/model_accuracy.py [--labs star,bcube] [--sizes 4MiB,25MiB]
                                                   [--algorithms ring,tree] [--iterations 3]
+                                                  [--rate 50Mbit] [--super-packet-seconds 0.011]
 
 Labs: star,8; bcube,3,1; torus,3,2; fattree,4; bigraph,4,2 (bare namespaces, agents over the
 default transport, paced as `testbed run` paces them). Sizes: 64 KiB, 4 MiB, 25 MiB. Each
@@ -39,6 +40,7 @@ from orchestrator.cost import Network  # noqa: E402
 from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
 from orchestrator.collectives.partition import partitions  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
+from orchestrator.emulation import lab as lab_module  # noqa: E402
 from orchestrator.experiment.results import sync_times  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
@@ -161,13 +163,20 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3, help="timed allreduces per point")
     parser.add_argument("--warmup", type=int, default=1, help="untimed allreduces first")
     parser.add_argument("--no-gloo", action="store_true", help="skip torch.distributed's gloo on star,8")
+    parser.add_argument("--rate", default="", help="every lab's link rate instead of its own, e.g. 50Mbit")
+    parser.add_argument("--super-packet-seconds", type=float, default=None,
+                        help="a super-packet's most line time (A/B; default the lab's, "
+                             f"{lab_module.SUPER_PACKET_SECONDS * 1e3:g} ms)")
     args = parser.parse_args()
+    if args.super_packet_seconds is not None:
+        lab_module.SUPER_PACKET_SECONDS = args.super_packet_seconds
     kinds = set(filter(None, args.labs.split(",")))
     only = set(filter(None, args.algorithms.split(",")))
     sizes = [units.parse_size(s) for s in args.sizes.split(",") if s]
     rows: list[dict] = []
     for shorthand, rate in LABS:
         if not kinds or shorthand.split(",")[0] in kinds:
+            rate = args.rate or rate
             print(f"{shorthand} at {rate}:", file=sys.stderr, flush=True)
             rows += run_lab(shorthand, rate, sizes, only, args.iterations, args.warmup, not args.no_gloo)
     print(f"\n{'lab':<12} {'size':>7} {'algorithm':<26} {'measured':>10} {'predicted':>10} {'ratio':>6}")

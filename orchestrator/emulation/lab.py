@@ -67,6 +67,16 @@ LEGACY_GSO_BYTES = 64 * 1024  # a super-packet's limit on a kernel without BIG T
 # machine CPU per GB: 0.53-0.56 at 128 KiB, 0.62-0.67 at 64 KiB), so large transfers keep
 # large ones.
 SUPER_PACKETS_PER_TRANSFER = 8
+# A super-packet also crosses a link whole (HTB charges it after sending it): it is the
+# link's unit of time, and connections sharing a link take turns in it. 64 KiB are 10.5 ms
+# of a 50 Mbit link: bcube,4,1's sharded PS (a mesh of 16, 4 MiB) took 1.14 × the model with
+# them and 1.07 × with 32 KiB ones (8 KiB ones: 1.11, the kernel's work per packet); at 4 MiB
+# and 50 Mbit (bench/model_accuracy.py --rate 50Mbit, A/B with --super-packet-seconds 0.011)
+# star,8's mesh 1.052 and 1.018, bigraph 4×2's ps 1.034 and 1.011. So a super-packet is at
+# most this much of its link's line time: 32 KiB at 50 Mbit, 64 KiB at 100, 128 KiB from
+# 200 Mbit (the sizes issue 28's CPU-per-byte figures were taken with).
+SUPER_PACKET_SECONDS = 0.0055
+SMALLEST_SUPER_PACKET = 16 * 1024
 
 
 def largest_super_packet() -> int:
@@ -75,15 +85,19 @@ def largest_super_packet() -> int:
     return kernel.BIG_GSO_BYTES if features.kernel_features()["big_tcp"] else LEGACY_GSO_BYTES
 
 
-def super_packet_bytes(smallest_transfer: int, largest: int) -> int:
+def super_packet_bytes(smallest_transfer: int, largest: int, rate_bps: float | None = None) -> int:
     """The super-packet size for a run whose smallest transfer is `smallest_transfer` bytes:
     the largest power of two that gives it SUPER_PACKETS_PER_TRANSFER, within
     [LEGACY_GSO_BYTES, largest] (below 64 KiB the kernel's work per byte climbs faster than
-    the steps shrink matter: such transfers take a few milliseconds)."""
+    the steps shrink matter: such transfers take a few milliseconds); and, on a link of
+    `rate_bps`, at most SUPER_PACKET_SECONDS of its line time (down to SMALLEST_SUPER_PACKET)."""
     size = largest
     while size > LEGACY_GSO_BYTES and size * SUPER_PACKETS_PER_TRANSFER > smallest_transfer:
         size //= 2
-    return max(size, min(LEGACY_GSO_BYTES, largest))
+    size = max(size, min(LEGACY_GSO_BYTES, largest))
+    while rate_bps and size > SMALLEST_SUPER_PACKET and size * 8 > rate_bps * SUPER_PACKET_SECONDS:
+        size //= 2
+    return size
 
 
 class Lab:
@@ -422,16 +436,27 @@ class Lab:
         A NIC whose device takes less (a VXLAN wire between hosts: 64 KiB) takes its most.
         The size set."""
         largest = largest_super_packet()
-        size = super_packet_bytes(smallest_transfer, largest)
+        nominal = float(self.spec.links.bandwidth)
+        size = super_packet_bytes(smallest_transfer, largest, nominal)
         ns = self.plan.namespaces
         with kernel.Netlink() as nl:
             for server in self.topology.servers:
                 if self.here(server.name) and (servers is None or server.name in servers):
                     devices = kernel.links_in(nl, ns[server.name])
                     for nic in server.data_nics():
-                        most = devices.get(nic.name, {}).get("tso_max_bytes") or size
-                        kernel.set_gso(nl, ns[server.name], nic.name, min(size, most), largest > LEGACY_GSO_BYTES)
+                        rate = min(nominal, self._nic_rate(server.name, nic.name, nominal))
+                        wanted = super_packet_bytes(smallest_transfer, largest, rate)
+                        most = devices.get(nic.name, {}).get("tso_max_bytes") or wanted
+                        kernel.set_gso(nl, ns[server.name], nic.name, min(wanted, most), largest > LEGACY_GSO_BYTES)
         return size
+
+    def _nic_rate(self, server: str, nic: str, default: float) -> float:
+        """Bits/s of the link a server's NIC sends on (links.overrides), else `default`."""
+        for link in self.topology.links:
+            for end in (link.a, link.b):
+                if end.node == server and end.interface == nic:
+                    return self.topology.rate_of(server, link.other(server).node, default)
+        return default
 
     def server_processes(self, server: str) -> list[dict]:
         """What runs on a server: {pid, start} of every process in a netns server's namespace

@@ -94,11 +94,11 @@ def _attribution_lines(results: dict) -> list[str]:
             "Per point, the predicted time per synchronisation split by cause: the busiest link direction's "
             "bytes at its rate (bandwidth), α on every message (latency; α as measured on the lab, "
             "cost/latency.py), ranks waiting on each other while that link idles (waiting), and workers "
-            "entering apart (skew): from the compute stragglers were drawn, or, for real training, from the "
-            "compute each worker measured (the point is then predicted again after its run; the plan's "
-            "figure is `planned_seconds` in results.json). On a lab with ECMP each point is predicted "
-            "over the paths its connections hashed onto (routes: hashed), which its plan, spreading them "
-            "evenly, could not know; the plan's figure is `planned_seconds` there too.", "",
+            "entering apart (skew): after a run, from when each worker entered its first iteration and the "
+            "compute each measured in every iteration (compute: measured; the plan's figure, from the "
+            "compute stragglers were drawn, is `planned_seconds` in results.json). On a lab with ECMP each "
+            "point is predicted over the paths its connections hashed onto (routes: hashed), which its "
+            "plan, spreading them evenly, could not know; the plan's figure is `planned_seconds` there too.", "",
             "| point | predicted s | bandwidth s | latency s | waiting s | skew s | compute | routes | α µs |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
 

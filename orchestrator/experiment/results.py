@@ -229,6 +229,7 @@ class _Predicted(_Model):
     peer_latency_s: Number = None
     parts: Optional[_Parts] = None
     compute: Optional[str] = None
+    entry: Optional[str] = None  # "measured": predicted from when each worker entered
     routes: Optional[str] = None
 
 

@@ -11,6 +11,7 @@ runs on freshly deployed agents.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import threading
 import time
@@ -360,8 +361,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         paths = _hashed_paths(result, planned)
         if paths is not None:
             _predict_over(spec, planned, paths, entry)
-        if workloads.compute_measured(point.workload) and not faults and len(result.history) <= 1:  # one membership
-            _predict_with_measured_compute(spec, planned, records, entry, workers, paths)
+        if not faults and len(result.history) <= 1 and planned.point.group is None:  # one membership, alone
+            _predict_as_run(spec, planned, records, entry, workers, paths)
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and iterations > 1:
@@ -399,26 +400,40 @@ def _predict_over(spec, planned: PlannedPoint, paths, entry: dict) -> None:
     entry["bytes_per_link"]["predicted_per_allreduce"] = prediction.link_bytes
 
 
-def _predict_with_measured_compute(spec, planned: PlannedPoint, records: list[dict], entry: dict, workers: int,
-                                   paths=None) -> None:
-    """A point whose workers' compute is their own (real training): predicted again with the
-    compute each worker measured in each iteration, which the plan could not know. The time
-    a synchronisation waits for the slowest worker to enter is then the model's, not a gap
-    blamed on it (the digits MLP on bcube,2,1: ring 1.06 and HiPS 1.24 × a compute-free
-    prediction; 0.97 and 1.08 with the compute measured). The plan's figure is kept beside."""
-    table: dict[int, dict[int, float]] = {}
+def _predict_as_run(spec, planned: PlannedPoint, records: list[dict], entry: dict, workers: int,
+                    paths=None) -> None:
+    """A point predicted again as its workers ran it: each entering its first iteration when it
+    did, and computing in every iteration for the seconds it measured. The plan could know
+    neither, and both set the time:
+    - real training computes for what it takes (the digits MLP on bcube,2,1: ring 1.06 and
+      HiPS 1.24 × a compute-free prediction; 0.97 and 1.08 with the compute measured);
+    - a schedule whose ranks move in lockstep only by symmetry does not stay there once they
+      enter apart: the model's own halving-doubling on bigraph 4×2 (HDRM, 1 MiB, 50 Mbit) runs
+      0.307 s per allreduce started together, and 0.41-0.46 s, as the lab measures it (0.47),
+      from its agents' first entries, which lay 38 ms apart. A ring absorbs the same skew.
+    The time a synchronisation waits for ranks entering apart is then the model's (its part
+    `skew`), not a gap blamed on it. Entries are the agents' Unix times (on a lab split over
+    hosts, as far as their clocks agree); parameter servers enter with the earliest worker.
+    The plan's figure is kept beside; a table without every worker's every iteration leaves
+    it as it was."""
+    table: dict[int, dict[int, dict]] = {}
     for record in records:
         if record["rank"] < workers:
-            table.setdefault(record["iteration"], {})[record["rank"]] = record["compute_s"]
+            table.setdefault(record["iteration"], {})[record["rank"]] = record
     if not table or any(len(row) != workers for row in table.values()) or sorted(table) != list(range(len(table))):
-        return  # not every worker's every iteration: the plan's prediction stands
-    compute = [[table[i][w] for w in range(workers)] for i in range(len(table))]
+        return
+    # when each worker began its first iteration's compute, from the earliest
+    begun = [table[0][w]["start_time"] - table[0][w]["compute_s"] for w in range(workers)]
+    compute = [[table[i][w]["compute_s"] for w in range(workers)] for i in range(len(table))]
+    if not all(math.isfinite(x) and x >= 0 for row in compute for x in row) or not all(map(math.isfinite, begun)):
+        return
+    compute[0] = [seconds + begun[w] - min(begun) for w, seconds in enumerate(compute[0])]
     prediction = predict_with_compute(spec, planned, compute, paths)
     if prediction is None:
         return
     predicted = entry["predicted"]
     predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]), seconds=prediction.per_run,
-                     parts=prediction.parts, compute="measured")
+                     parts=prediction.parts, compute="measured", entry="measured")
 
 
 @contextmanager

@@ -111,7 +111,7 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
         tensors = [1 << 20]  # 4 MiB
         result = agents.run(algorithm, tensors, workloads.back_to_back(tensors), iterations=5)
         shutdown(list(agents))
-        sized = super_packet_bytes(result.compiled.smallest_transfer, largest_super_packet())
+        sized = super_packet_bytes(result.compiled.smallest_transfer, largest_super_packet(), float(spec.links.bandwidth))
         # each host sized its own servers; a VXLAN wire takes at most what its device does
         assert super_packets(built, hosts) == {nic: min(sized, most) for nic, most in device_limits(built, hosts).items()}
     finally:

@@ -287,6 +287,21 @@ def test_a_run_of_small_transfers_gets_smaller_super_packets_from_the_servers_ni
     assert {node for (node, _), v in sizes().items() if v == 64 * 1024} == {one}
 
 
+def test_a_slow_links_servers_get_super_packets_of_a_few_milliseconds_of_its_line_time(make_lab):
+    """A super-packet crosses a link whole, so it is the link's unit of time: at most 5.5 ms of
+    line time however large the transfers, by each NIC's own link (links.overrides): 32 KiB at
+    the lab's 50 Mbit, 16 KiB on a 20 Mbit link."""
+    lab = make_lab("bcube,2,1", **{"servers.runtime": "netns", "links.bandwidth": "50Mbit",
+                                   "links.overrides": [{"link": "l0s0-h00", "bandwidth": "20Mbit"}]})
+    assert lab.fit_super_packets(64 * 2**20) == 32 * 1024
+    with kernel.Netlink() as nl:
+        sizes = {(s.name, nic.name): kernel.links_in(nl, lab.plan.namespaces[s.name])[nic.name]["gso_ipv4_bytes"]
+                 for s in lab.topology.servers for nic in s.data_nics()}
+    [slow] = [(end.node, end.interface) for link in lab.topology.links for end in (link.a, link.b)
+              if end.node == "h00" and link.other("h00").node == "l0s0"]
+    assert sizes.pop(slow) == 16 * 1024 and set(sizes.values()) == {32 * 1024}, sizes
+
+
 def test_fabric_interfaces_steer_each_flow_to_one_cpu(make_lab):
     """Receive Packet Steering on every CPU, so a veth cannot reorder a flow's packets."""
     if not Path("/proc/sys/net/core/rps_default_mask").exists():

@@ -55,6 +55,7 @@ def test_a_run_sizes_its_servers_super_packets_as_testbed_run_does(agents):
 
     lab = agents.lab
     largest = largest_super_packet()
+    rate = float(lab.spec.links.bandwidth)
 
     def server_sizes() -> set[int]:
         with kernel.Netlink() as nl:
@@ -64,8 +65,8 @@ def test_a_run_sizes_its_servers_super_packets_as_testbed_run_does(agents):
     for tensors in ([2048] * 4, [2 << 20] * 4):  # 32 KiB and 32 MiB in all
         result = agents.run("ring", tensors, iterations=1, faithful=False)
         smallest = result.compiled.smallest_transfer
-        assert server_sizes() == {super_packet_bytes(smallest, largest)}, (tensors, smallest)
-    assert server_sizes() == {largest}  # 32 MiB over 16 ranks: 2 MiB transfers take the largest
+        assert server_sizes() == {super_packet_bytes(smallest, largest, rate)}, (tensors, smallest)
+    assert server_sizes() == {super_packet_bytes(2 << 20, largest, rate)}  # 2 MiB transfers: the most at this rate
 
 
 def _when_every_agent_reaches(agents, iteration: int, previous: set[str], deadline: float) -> None:

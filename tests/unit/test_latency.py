@@ -297,25 +297,63 @@ def test_real_training_is_predicted_again_with_the_compute_its_workers_measured(
     and the model counts that as skew; the plan's figure is kept beside. A table with a worker's iteration missing
     leaves the plan's prediction as it was."""
     from orchestrator.experiment import workloads
-    from orchestrator.experiment.runner import _predict_with_measured_compute, point_entry
+    from orchestrator.experiment.runner import _predict_as_run, point_entry
 
     spec = load_experiment(Path(__file__).resolve().parents[2] / "experiments/digits.yaml")
     assert workloads.compute_measured(spec.agents.workload)
     planned = make_plan(spec, "digits.yaml").points[0]  # ring on four workers
     workers = len(planned.layout.workers)
-    records = [{"rank": rank, "iteration": i, "compute_s": 0.003 if rank == 0 else 0.001}
-               for i in range(spec.iterations) for rank in range(workers)]
+    records = [_record(rank, i, 0.003 if rank == 0 else 0.001, 100.0 + i) for i in range(spec.iterations)
+               for rank in range(workers)]
     entry = point_entry(spec, planned)
     planned_s = entry["predicted"]["seconds"]
-    _predict_with_measured_compute(spec, planned, records, entry, workers)
+    _predict_as_run(spec, planned, records, entry, workers)
     predicted = entry["predicted"]
-    assert predicted["compute"] == "measured" and predicted["planned_seconds"] == planned_s
+    assert predicted["compute"] == "measured" and predicted["entry"] == "measured"
+    assert predicted["planned_seconds"] == planned_s
     assert predicted["parts"]["skew"] == pytest.approx(0.002, abs=2e-4)  # 3 ms against the median 1 ms
     assert predicted["seconds"] == pytest.approx(planned_s + predicted["parts"]["skew"], rel=1e-6)
 
     untouched = point_entry(spec, planned)
-    _predict_with_measured_compute(spec, planned, records[1:], untouched, workers)
+    _predict_as_run(spec, planned, records[1:], untouched, workers)
     assert untouched["predicted"] == point_entry(spec, planned)["predicted"]
+
+
+def _record(rank: int, iteration: int, compute_s: float, start_time: float) -> dict:
+    """An agent's record as the runner reads it: it entered the allreduce at `start_time`
+    (Unix seconds) after computing for `compute_s`."""
+    return {"rank": rank, "iteration": iteration, "compute_s": compute_s, "start_time": start_time}
+
+
+def test_a_run_is_predicted_from_when_its_workers_entered(state):
+    """Halving-doubling keeps its ranks in step only by symmetry: started together, HDRM on
+    bigraph 4×2 (1 MB, 50 Mbit) takes the busiest link's time; entered apart, as a run's
+    agents do, a late rank's sends still cross while its partners' next steps start, and
+    the skew grows. So a run is predicted again from when each worker entered its first
+    iteration (no compute here: back to back). A ring on the same lab absorbs the same
+    entries; and workers entering together change neither."""
+    from orchestrator.experiment.runner import _predict_as_run, point_entry
+
+    spec = load_experiment(Path(__file__).resolve().parents[2] / "experiments/bigraph-hdrm.yaml")
+    plan = make_plan(spec, "bigraph-hdrm.yaml")
+    hdrm, ring = (next(p for p in plan.points if p.point.algorithm.name == name and p.point.size_bytes == 2**20)
+                  for name in ("hdrm", "ring"))
+    late = [0.0, 0.040, 0.010, 0.0, 0.030, 0.005, 0.035, 0.020]  # seconds after the first, as measured: 0-40 ms
+
+    def predicted(planned, offsets) -> dict:
+        workers = len(planned.layout.workers)
+        records = [_record(rank, i, 0.0, 100.0 + i + (offsets[rank] if i == 0 else 0.0))
+                   for i in range(spec.iterations) for rank in range(workers)]
+        entry = point_entry(spec, planned)
+        _predict_as_run(spec, planned, records, entry, workers)
+        return entry["predicted"]
+
+    skewed, together = predicted(hdrm, late), predicted(hdrm, [0.0] * 8)
+    assert skewed["entry"] == "measured" and skewed["planned_seconds"] == hdrm.prediction.per_run
+    assert together["seconds"] == pytest.approx(hdrm.prediction.per_run, rel=0.01)
+    assert skewed["seconds"] > 1.15 * hdrm.prediction.per_run, skewed  # the skew grew: 0.41 s against 0.31 s
+    assert skewed["parts"]["skew"] == pytest.approx(skewed["seconds"] - hdrm.prediction.per_run, rel=0.05)
+    assert predicted(ring, late)["seconds"] == pytest.approx(ring.prediction.per_run, rel=0.02)
 
 
 def test_an_alpha_kept_by_other_agents_is_measured_again(state, monkeypatch):

@@ -288,6 +288,12 @@ def test_super_packets_are_sized_for_eight_per_smallest_transfer_within_the_kern
     assert [super_packet_bytes(t, 128 * kib) for t in (0, 8 * kib, 512 * kib, 1024 * kib - 4, 1024 * kib, 50 << 20)] \
         == [64 * kib] * 4 + [128 * kib] * 2
     assert super_packet_bytes(50 << 20, 64 * kib) == 64 * kib  # a kernel without BIG TCP: its own limit
+    # and at most 5.5 ms of their link's line time (a super-packet crosses whole: the link's unit
+    # of time), from 16 KiB: 32 KiB at 50 Mbit, 64 at 100, 128 from 200 Mbit
+    assert [super_packet_bytes(50 << 20, 128 * kib, rate) for rate in (1e6, 20e6, 50e6, 100e6, 200e6, 1e9)] \
+        == [16 * kib, 16 * kib, 32 * kib, 64 * kib, 128 * kib, 128 * kib]
+    assert super_packet_bytes(8 * kib, 128 * kib, 50e6) == 32 * kib  # small transfers: the smaller of the two
+    assert super_packet_bytes(50 << 20, 64 * kib, 50e6) == 32 * kib
     # a mesh of 8 at 4 MiB moves 512 KiB transfers (a uneven split: the smallest counts)
     mesh = compile_run("mesh", Context(8), 1 << 20, partitions([1 << 20], None), nodes=[f"h{i}" for i in range(8)])
     assert mesh.smallest_transfer == 4 * ((1 << 20) // 8)
