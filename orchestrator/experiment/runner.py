@@ -422,10 +422,13 @@ def _predict_as_run(spec, planned: PlannedPoint, records: list[dict], entry: dic
             table.setdefault(record["iteration"], {})[record["rank"]] = record
     if not table or any(len(row) != workers for row in table.values()) or sorted(table) != list(range(len(table))):
         return
+    fields = [table[i][w].get(key) for i in range(len(table)) for w in range(workers) for key in ("compute_s", "start_time")]
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in fields):
+        return  # a framework's records are read back: not numbers, not predicted
     # when each worker began its first iteration's compute, from the earliest
     begun = [table[0][w]["start_time"] - table[0][w]["compute_s"] for w in range(workers)]
     compute = [[table[i][w]["compute_s"] for w in range(workers)] for i in range(len(table))]
-    if not all(math.isfinite(x) and x >= 0 for row in compute for x in row) or not all(map(math.isfinite, begun)):
+    if not all(x >= 0 for row in compute for x in row):
         return
     compute[0] = [seconds + begun[w] - min(begun) for w, seconds in enumerate(compute[0])]
     prediction = predict_with_compute(spec, planned, compute, paths)
@@ -493,6 +496,8 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     if outcome is not None:
         records = sorted(outcome.records, key=lambda r: (r["iteration"], r["rank"]))
         gst = [max(r["gst_s"] for r in records if r["iteration"] == i) for i in range(planned.iterations)]
+        if planned.point.group is None:  # as the agents' points are: from when its workers entered
+            _predict_as_run(spec, planned, records, entry, len(workers))
         entry.update(results_lib.measured_point(entry, records, gst, spec.warmup, len(workers)))
         entry.update(status="done", run_id=f"{framework.name}-{int(entry['window']['start'])}",
                      wall_s=entry["bytes_per_link"]["seconds"])

@@ -53,7 +53,9 @@ def test_gloo_beside_our_ring_on_an_odd_star(tmp_path):
     assert theirs["algorithm"] == "torch-ring" and theirs["framework"] == "torch"
     assert ours["status"] == theirs["status"] == "done", (ours.get("error"), theirs.get("error"))
     assert theirs["checker"]["clean"] is True, theirs["checker"]
-    assert theirs["predicted"]["seconds"] == pytest.approx(ours["predicted"]["seconds"])
+    # one plan for both; each predicted again from when its own workers entered
+    assert theirs["predicted"]["planned_seconds"] == pytest.approx(ours["predicted"]["planned_seconds"])
+    assert theirs["predicted"]["entry"] == ours["predicted"]["entry"] == "measured"
     assert {r["rank"] for r in theirs["records"]} == set(range(5)) and len(theirs["records"]) == 25
     # the gradient crossed the fabric: each server sent about 2 (n-1)/n of it per allreduce
     moved = sum(theirs["bytes_per_link"]["measured"].values())

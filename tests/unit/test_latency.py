@@ -317,6 +317,10 @@ def test_real_training_is_predicted_again_with_the_compute_its_workers_measured(
     untouched = point_entry(spec, planned)
     _predict_as_run(spec, planned, records[1:], untouched, workers)
     assert untouched["predicted"] == point_entry(spec, planned)["predicted"]
+    for bad in ("soon", float("nan"), None):  # a framework's records are read back: not trusted
+        untouched = point_entry(spec, planned)
+        _predict_as_run(spec, planned, [records[0] | {"start_time": bad}, *records[1:]], untouched, workers)
+        assert untouched["predicted"] == point_entry(spec, planned)["predicted"], bad
 
 
 def _record(rank: int, iteration: int, compute_s: float, start_time: float) -> dict:
