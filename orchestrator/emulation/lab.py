@@ -444,19 +444,13 @@ class Lab:
                 if self.here(server.name) and (servers is None or server.name in servers):
                     devices = kernel.links_in(nl, ns[server.name])
                     for nic in server.data_nics():
-                        rate = min(nominal, self._nic_rate(server.name, nic.name, nominal))
+                        wire = self.topology.peer(Endpoint(server.name, nic.name))  # links.overrides' rate
+                        rate = nominal if wire is None else \
+                            min(nominal, self.topology.rate_of(server.name, wire.node, nominal))
                         wanted = super_packet_bytes(smallest_transfer, largest, rate)
                         most = devices.get(nic.name, {}).get("tso_max_bytes") or wanted
                         kernel.set_gso(nl, ns[server.name], nic.name, min(wanted, most), largest > LEGACY_GSO_BYTES)
         return size
-
-    def _nic_rate(self, server: str, nic: str, default: float) -> float:
-        """Bits/s of the link a server's NIC sends on (links.overrides), else `default`."""
-        for link in self.topology.links:
-            for end in (link.a, link.b):
-                if end.node == server and end.interface == nic:
-                    return self.topology.rate_of(server, link.other(server).node, default)
-        return default
 
     def server_processes(self, server: str) -> list[dict]:
         """What runs on a server: {pid, start} of every process in a netns server's namespace

@@ -20,10 +20,6 @@ class WorkloadKind:
     # ("emulated": it depends on identity and iteration only), check what agents reported
     # ("reported": real training), or nothing (None: a timed loop carries no gradient)
     checked: str | None = "emulated"
-    # its compute is the workers' own (real training), known only once they ran: a run predicts
-    # its points again with the compute its workers measured (the skew between them is time
-    # every synchronisation waits, and the model counts it as it counts stragglers')
-    compute_measured: bool = False
 
 
 def _model_tensors(spec) -> list[int]:
@@ -53,16 +49,12 @@ WORKLOADS: dict[str, WorkloadKind] = {
         _digits_tensors,
         lambda spec, tensors, workers: [runner_workloads.digits(workers, rank, spec.hidden, spec.lr, spec.batch,
                                                                 spec.seed) for rank in range(workers)],
-        checked="reported", compute_measured=True),
+        checked="reported"),
 }
 
 
 def checked(spec) -> str | None:
     return WORKLOADS[spec.kind].checked
-
-
-def compute_measured(spec) -> bool:
-    return WORKLOADS[spec.kind].compute_measured
 
 
 def tensors(spec) -> list[int]:

@@ -296,11 +296,9 @@ def test_real_training_is_predicted_again_with_the_compute_its_workers_measured(
     iteration, the others 1 ms (the median): every synchronisation waits 2 ms more for it,
     and the model counts that as skew; the plan's figure is kept beside. A table with a worker's iteration missing
     leaves the plan's prediction as it was."""
-    from orchestrator.experiment import workloads
     from orchestrator.experiment.runner import _predict_as_run, point_entry
 
     spec = load_experiment(Path(__file__).resolve().parents[2] / "experiments/digits.yaml")
-    assert workloads.compute_measured(spec.agents.workload)
     planned = make_plan(spec, "digits.yaml").points[0]  # ring on four workers
     workers = len(planned.layout.workers)
     records = [_record(rank, i, 0.003 if rank == 0 else 0.001, 100.0 + i) for i in range(spec.iterations)
