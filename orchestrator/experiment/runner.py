@@ -37,6 +37,7 @@ from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_sha
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
 from orchestrator.emulation.interrupts import terminate_as_interrupt
+from orchestrator.emulation.lab import largest_super_packet, super_packet_bytes
 from orchestrator.control import checker, driver
 from orchestrator.control.iterations import Degrade, under_degrades
 
@@ -369,7 +370,8 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
         entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup, paths)
-    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8)
+    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
+                               _packets(lab, planned.compiled))
     return any(f.action.startswith("server-") for f in faults)
 
 
@@ -505,7 +507,8 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
             entry["back_to_back_s"] = _back_to_back(records, max(1, spec.warmup))
         entry["checker"] = outcome.checker
         entry["under_faults"] = []
-    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8)
+    entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
+                               _packets(lab, compiled_point(spec, planned)))
     return False
 
 
@@ -595,9 +598,18 @@ def _idle_shares(before: dict, after: dict) -> dict[str, float | None]:
     return {machine: idle_share(first, last) for machine, (first, last) in machines.items()}
 
 
-def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> dict:
-    """The point's fidelity verdict from what moved while it ran. On a lab split over hosts the
-    CPU headroom is the least any machine had (this one, which drives, or a host)."""
+def _packets(lab, compiled) -> dict:
+    """The run's smallest transfer and the super-packet its servers' NICs were sized to for it
+    (as `prepare` sized them): facts the verdict explains a small gradient's figure with."""
+    smallest = compiled.smallest_transfer
+    return {"smallest_transfer_bytes": smallest,
+            "super_packet_bytes": super_packet_bytes(smallest, largest_super_packet(), float(lab.spec.links.bandwidth))}
+
+
+def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float, packets: dict | None = None) -> dict:
+    """The point's fidelity verdict from what moved while it ran (`packets`: `_packets`). On a
+    lab split over hosts the CPU headroom is the least any machine had (this one, which
+    drives, or a host)."""
     shares = _idle_shares(before, after)
     known = {machine: share for machine, share in shares.items() if share is not None}
     tightest = min(known, key=known.get, default="")
@@ -606,10 +618,10 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float) -> d
     seconds = (entry.get("bytes_per_link") or {}).get("seconds") if entry.get("mode") == "together" \
         else entry.get("wall_s")
     facts = {"cpu_idle_share": known.get(tightest), "cpu_idle_machine": tightest or None, "seconds": seconds,
-             "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"),
+             "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"), **(packets or {}),
              **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
     by_host = {host: share for host, share in shares.items() if host}
-    return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"],
+    return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"], **(packets or {}),
             **({"cpu_idle_by_host": by_host, "cpu_idle_machine": tightest or None} if by_host else {}),
             "drops": sum(facts["link_drops"].values()), "marks": sum(facts["link_marks"].values())}
 

@@ -118,7 +118,7 @@ def test_agents_on_a_split_lab_run_as_the_model_predicts(engine, argument, algor
         split.down(built)
     assert not (state_root() / "split" / "spag").exists()  # its secret went with it
     assert all(r["verified"] for r in result.records() if r["iteration"] == 0)
-    seconds = statistics.mean(result.back_to_back_times())
+    seconds = statistics.median(result.back_to_back_times())  # one iteration the machine held up is not the model
     print(f"{algorithm} on {argument} split over two hosts: {seconds:.3f} s, predicted {result.predicted.per_run:.3f} s")
     assert 0.90 <= seconds / result.predicted.per_run <= 1.10
 

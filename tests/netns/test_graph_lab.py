@@ -52,7 +52,7 @@ def test_a_mesh_is_predicted_with_the_slow_uplink_as_bottleneck_and_runs_at_it(l
 
     spread = predict_lab(lab.spec, "mesh", TENSORS[0] * 4).prediction
     assert {load.link for load in spread.bottlenecks()} == {"leaf0→spine1", "spine1→leaf0"}
-    seconds = statistics.mean(result.back_to_back_times())
+    seconds = statistics.median(result.back_to_back_times())  # one iteration the machine held up is not the model
     print(f"mesh on the Clos graph: {seconds:.3f} s per allreduce, predicted {predicted.per_run:.3f} s "
           f"(busiest: {sorted(busiest)})")
     assert 0.90 <= seconds / predicted.per_run <= 1.10

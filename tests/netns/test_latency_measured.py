@@ -53,6 +53,12 @@ def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path,
         # every step of every algorithm here pays α at least once, and α is most of the time
         assert predicted["seconds"] > 4 * kept["alpha_s"]
         assert point["ratio"] == pytest.approx(point["sync_s"]["fault_free_mean"] / predicted["seconds"])
+        # its transfers are KBs: each crosses a link as one super-packet, sent whole after idle,
+        # which is what the verdict names when the lab beat the model
+        fidelity = point["fidelity"]
+        assert 0 < fidelity["smallest_transfer_bytes"] <= fidelity["super_packet_bytes"], fidelity
+        if fidelity["verdict"] == "model off" and point["ratio"] < 0.90:
+            assert any("super-packet" in reason for reason in fidelity["reasons"]), fidelity
     again = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--dry-run"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr

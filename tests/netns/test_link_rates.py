@@ -41,7 +41,7 @@ def test_the_slow_link_is_shaped_and_the_ring_runs_at_its_pace(lab):
     result = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=5)
     predicted = result.predicted
     assert {load.link for load in predicted.bottlenecks()} == {"h0→sw", "sw→h0"}
-    seconds = statistics.mean(result.back_to_back_times())
+    seconds = statistics.median(result.back_to_back_times())  # one iteration the machine held up is not the model
     # 2·3/4 · 2 MiB at 40 Mbit's payload rate: what the slow link allows, not the lab's 100 Mbit
     assert predicted.per_run > 1.5 * 2 * 3 / 4 * (TENSORS[0] * 4) / (100e6 / 8)
     print(f"ring over a 40 Mbit link in a 100 Mbit star: {seconds:.3f} s, predicted {predicted.per_run:.3f} s")
@@ -89,7 +89,7 @@ def test_a_degrade_made_by_hand_before_a_run_is_what_the_run_is_predicted_with(l
     finally:
         injector.undo(fault.id)
     assert {load.link for load in slowed.predicted.bottlenecks()} == {"h2→sw", "sw→h2"}
-    seconds = statistics.mean(slowed.back_to_back_times())
+    seconds = statistics.median(slowed.back_to_back_times())  # one iteration the machine held up is not the model
     print(f"ring with h2-sw degraded to 20 Mbit by hand: {seconds:.3f} s, predicted {slowed.predicted.per_run:.3f} s")
     assert 0.85 <= seconds / slowed.predicted.per_run <= 1.15
     healed = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=2)

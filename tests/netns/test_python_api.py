@@ -34,7 +34,7 @@ def test_the_default_run_is_paced_and_predicted_within_the_band(agents):
     assert all(r["verified"] for r in result.records() if r["iteration"] == 0)  # the warm-up, checked exactly
     predicted = result.predicted
     assert predicted is not None and predicted.per_run > 0
-    seconds = statistics.mean(result.back_to_back_times())
+    seconds = statistics.median(result.back_to_back_times())  # one iteration the machine held up is not the model
     print(f"hips on bcube,4,1 at 100 Mbit, 12.5 MB: {seconds:.3f} s per allreduce, predicted {predicted.per_run:.3f} s, "
           f"ratio {seconds / predicted.per_run:.3f}")
     # unpaced it takes ~1.5 × the prediction; paced ~1.06 (bench/python_api.py: three pairs)

@@ -35,6 +35,18 @@ def test_a_mispriced_point_on_a_machine_that_kept_up_is_the_models_fault(ratio, 
     assert len(judged["reasons"]) == 1 and words in judged["reasons"][0] and "model is off" in judged["reasons"][0]
 
 
+def test_a_small_gradient_faster_than_the_model_says_its_messages_cross_whole():
+    """Transfers no larger than the run's super-packet cross a shaped link as one packet, sent
+    whole after idle: the reason says so (the digits MLP's ps, 9.6 KB pushes in 32 KiB
+    super-packets at 50 Mbit); larger ones, or a point slower than the model, do not."""
+    small = GOOD | {"ratio": 0.74, "smallest_transfer_bytes": 9_604, "super_packet_bytes": 32 * 1024}
+    judged = judge(small)
+    assert judged["verdict"] == "model off" and len(judged["reasons"]) == 1
+    assert "9,604 bytes, fit one 32 KiB super-packet" in judged["reasons"][0], judged
+    assert "super-packet" not in judge(small | {"smallest_transfer_bytes": 512 * 1024})["reasons"][0]
+    assert "super-packet" not in judge(small | {"ratio": 1.3})["reasons"][0]
+
+
 def test_a_busy_machine_is_blamed_before_the_model():
     judged = judge(GOOD | {"ratio": 0.7, "cpu_idle_share": 0.05})
     assert judged["verdict"] == "degraded" and len(judged["reasons"]) == 2
