@@ -474,7 +474,8 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     spec, point = plan.spec, planned.point
     framework = frameworks.get(point.algorithm.framework)
     workers = list(planned.layout.workers)
-    lab_agents.super_packets_of(lab)(compiled_point(spec, planned))
+    planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, as the agents' points keep it
+    lab_agents.super_packets_of(lab)(planned.compiled)
     entry.update(status="running", framework=framework.name)
     job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, planned.iterations, spec.timeout,
                          lambda iteration: progress("run", point.id, iteration, planned.iterations))
@@ -508,7 +509,7 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
         entry["checker"] = outcome.checker
         entry["under_faults"] = []
     entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
-                               _packets(lab, compiled_point(spec, planned)))
+                               _packets(lab, planned.compiled))
     return False
 
 
