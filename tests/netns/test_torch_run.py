@@ -78,6 +78,9 @@ def test_ddp_trains_the_digits_mlp_over_two_nics_per_server(tmp_path):
     assert point["checker"]["clean"] is True and "identical parameters after each of 15" in point["checker"]["summary"]
     losses = [r["loss"] for r in point["records"] if r["rank"] == 0]
     assert losses[-1] < 0.8 * losses[0], losses
+    # judged as the agents' points are: with the super-packets its servers' NICs were sized to
+    fidelity = point["fidelity"]
+    assert 0 < fidelity["smallest_transfer_bytes"] <= fidelity["super_packet_bytes"], fidelity
 
 
 def _bytes(lab, node: str, nic: str) -> tuple[int, int]:
