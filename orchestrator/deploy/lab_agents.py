@@ -94,10 +94,10 @@ class LabAgents(list):
         return result
 
 
-def super_packets_of(lab) -> Callable[[CompiledRun], None]:
+def super_packets_of(lab) -> Callable[[CompiledRun], int]:
     """driver.run's `prepare` for a lab: each attempt sizes its servers' super-packets for
     its smallest transfer (a re-formed membership for its own, a job for its servers alone;
-    emulation/lab.py says why a few per transfer)."""
+    emulation/lab.py says why a few per transfer); it returns the size set."""
     return lambda compiled: lab.fit_super_packets(compiled.smallest_transfer, set(compiled.nodes))
 
 

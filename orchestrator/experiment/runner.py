@@ -37,7 +37,6 @@ from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_sha
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
 from orchestrator.emulation.interrupts import terminate_as_interrupt
-from orchestrator.emulation.lab import largest_super_packet, super_packet_bytes
 from orchestrator.control import checker, driver
 from orchestrator.control.iterations import Degrade, under_degrades
 
@@ -331,6 +330,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
     planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, else built now
     watcher = _IterationWatcher(eps, iterations, on_iteration)
     rejoiner = Rejoiner(lab, spec.agents.via) if faults else None
+    prepare, packets = _sized_packets(lab)
     result = None
     with _measured(lab, entry, lambda: [dataclasses.asdict(r) for r in timeline.events()]) as counters:
         try:
@@ -343,7 +343,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                     network=planned.prediction.network, link_state=lab.link_up,
                                     flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
                                     rejoin=rejoiner, transport=spec.agents.transport, compiled=planned.compiled,
-                                    prepare=lab_agents.super_packets_of(lab))
+                                    prepare=prepare)
         except driver.RunError as exc:
             entry["status"], entry["error"] = "failed", str(exc)
         except BaseException as exc:
@@ -371,7 +371,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         entry["checker"] = _check(result, workloads.checked(point.workload))
         entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup, paths)
     entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
-                               _packets(lab, planned.compiled))
+                               packets)
     return any(f.action.startswith("server-") for f in faults)
 
 
@@ -474,8 +474,8 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
     spec, point = plan.spec, planned.point
     framework = frameworks.get(point.algorithm.framework)
     workers = list(planned.layout.workers)
-    planned = dataclasses.replace(planned, compiled=compiled_point(spec, planned))  # kept, as the agents' points keep it
-    lab_agents.super_packets_of(lab)(planned.compiled)
+    prepare, packets = _sized_packets(lab)
+    prepare(compiled_point(spec, planned))
     entry.update(status="running", framework=framework.name)
     job = frameworks.Job(lab, workers, planned.tensors, point.workload, planned.compute, planned.iterations, spec.timeout,
                          lambda iteration: progress("run", point.id, iteration, planned.iterations))
@@ -509,7 +509,7 @@ def _run_framework_point(plan: Plan, planned: PlannedPoint, lab, entry: dict, pr
         entry["checker"] = outcome.checker
         entry["under_faults"] = []
     entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
-                               _packets(lab, planned.compiled))
+                               packets)
     return False
 
 
@@ -599,18 +599,23 @@ def _idle_shares(before: dict, after: dict) -> dict[str, float | None]:
     return {machine: idle_share(first, last) for machine, (first, last) in machines.items()}
 
 
-def _packets(lab, compiled) -> dict:
-    """The run's smallest transfer and the super-packet its servers' NICs were sized to for it
-    (as `prepare` sized them): facts the verdict explains a small gradient's figure with."""
-    smallest = compiled.smallest_transfer
-    return {"smallest_transfer_bytes": smallest,
-            "super_packet_bytes": super_packet_bytes(smallest, largest_super_packet(), float(lab.spec.links.bandwidth))}
+def _sized_packets(lab) -> tuple[Callable, dict]:
+    """driver.run's `prepare` for the lab (lab_agents.super_packets_of), and what it last sized:
+    the run's smallest transfer and the super-packet the lab set for it (facts the verdict
+    explains a small gradient's figure with; a re-formed membership's attempt sizes again)."""
+    packets: dict = {}
+    fit = lab_agents.super_packets_of(lab)
+
+    def prepare(compiled) -> None:
+        packets.update(smallest_transfer_bytes=compiled.smallest_transfer, super_packet_bytes=fit(compiled))
+
+    return prepare, packets
 
 
 def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float, packets: dict | None = None) -> dict:
-    """The point's fidelity verdict from what moved while it ran (`packets`: `_packets`). On a
-    lab split over hosts the CPU headroom is the least any machine had (this one, which
-    drives, or a host)."""
+    """The point's fidelity verdict from what moved while it ran (`packets`: what
+    `_sized_packets` kept). On a lab split over hosts the CPU headroom is the least any
+    machine had (this one, which drives, or a host)."""
     shares = _idle_shares(before, after)
     known = {machine: share for machine, share in shares.items() if share is not None}
     tightest = min(known, key=known.get, default="")
