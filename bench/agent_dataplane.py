@@ -31,7 +31,10 @@ against the same iperf3 baseline, and gives the agents' CPU per byte (busy core-
 delivered), and the same in steady state, which the goal (≤ 1.3 × at the slow rate) is read
 from: CPU per GB the servers' fabric NICs received, from 5 s after the traffic began to its
 end (SteadyState), for iperf3 (20 s, before the agents and again after them: the mean of
-the two) and the agents alike. With torch installed, PyTorch's gloo allreduce runs on the same lab too
+the two) and the agents alike. At the slow rate the goal's figure is paired (`--pairs`):
+iperf3's window and an agents' window in turn, a few times, each pair's ratio, and their
+median: the machine's own cost per byte moved by 0.56-0.82 core-s/GB within an hour, far
+more than the goal's margin, while two windows side by side share what it was doing. With torch installed, PyTorch's gloo allreduce runs on the same lab too
 (bench/gloo_allreduce.py) and each unpipelined ring prints its ratio to gloo's busbw.
 Agents run in bare namespaces (netns runtime) from this venv. Prints a table and JSON.
 """
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import threading
@@ -175,7 +179,8 @@ def core_seconds(before: tuple[float, float], after: tuple[float, float]) -> flo
 
 
 def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_mbytes: int = 0,
-               algorithm: str = "ring", mtu: int = 1500, transports: tuple[str, ...] = ("tcp",)) -> list[dict]:
+               algorithm: str = "ring", mtu: int = 1500, transports: tuple[str, ...] = ("tcp",),
+               pairs: int = 0) -> list[dict]:
     """The ring's (or `algorithm`'s) busbw; with `partition_mbytes`, pipelined: ByteScheduler
     partitions of that size, two in flight (credit window), so one partition's steps overlap
     the next's.
@@ -185,7 +190,8 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
     agents (NCCL-tests' default; the max is shown too). And as a training run sees it: an
     emulated gradient filled before every iteration, t = GST (the slowest agent's time in
     the allreduce, waiting for peers still filling included; median over iterations after
-    the first). One result per transport, on the same lab, against the same iperf3 baseline."""
+    the first). One result per transport, on the same lab, against the same iperf3 baseline;
+    with `pairs`, each also against iperf3 window by window (`paired_cpu`)."""
     spec = lab_from_argument(f"star,{servers}", name="bench-ring",
                              **{"servers.runtime": "netns", "links.bandwidth": rate, "links.mtu": mtu})
     with Lab.up(spec) as lab:
@@ -195,6 +201,8 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
         try:
             rings = [_ring_over(endpoints, lab, transport, servers, mbytes, iterations, rate, partition_mbytes,
                                 algorithm, mtu) for transport in transports]
+            for ring in rings if pairs else ():
+                ring.update(paired_cpu(lab, endpoints, ring, pairs))
         finally:
             lab_agents.stop(endpoints)
         again = iperf3_ring(lab, servers)  # (_baseline says why)
@@ -206,6 +214,34 @@ def ring_busbw(servers: int, mbytes: int, iterations: int, rate: str, partition_
             ring["gloo_ratio_to_link"] = gloo["ratio_to_link"]
             ring["ratio_to_gloo"] = round(ring["ratio_to_link"] / gloo["ratio_to_link"], 3)
     return rings
+
+
+PAIRED_WINDOW_S = 20.0  # each agents' window's traffic, at least: SETTLE_S and 15 s of steady state
+
+
+def paired_cpu(lab, endpoints, ring: dict, pairs: int) -> dict:
+    """The agents' steady CPU per wire GB over iperf3's, window by window: `pairs` times,
+    iperf3's ring pattern (`iperf3_ring`), then the agents' `ring` case again, back to back,
+    for about PAIRED_WINDOW_S (its iterations from the time `ring` measured); each pair's
+    ratio, and their median. The agents stay up, idle, while iperf3 runs, as they do between
+    a run's iterations."""
+    servers, elements = ring["servers"], ring["mbytes"] * 2**20 // 4
+    pipelining = {"partition_bytes": ring["partition_mbytes"] * 2**20,
+                  "credit_bytes": 2 * ring["partition_mbytes"] * 2**20} if ring["partition_mbytes"] else {}
+    ctx = Context(servers, options={"colocated": True}) if ring["algorithm"] == "ps" else None
+    iterations = max(2, math.ceil(PAIRED_WINDOW_S / max(ring["time_s"], 1e-3)))
+    ratios = []
+    for _ in range(pairs):
+        kernel_cost = iperf3_ring(lab, servers).get("steady_cpu_s_per_gb")
+        steady = SteadyState(lab)
+        with steady:
+            driver.run(endpoints, ring["algorithm"], [elements], workloads.back_to_back([elements]),
+                       iterations=iterations + 1, ctx=ctx, transport=ring["transport"], **pipelining)
+        agents_cost = steady.figures(lab.spec.links.bandwidth).get("steady_cpu_s_per_gb")
+        if kernel_cost and agents_cost:
+            ratios.append(round(agents_cost / kernel_cost, 3))
+    return {"paired_ratios": ratios,
+            "paired_cpu_per_byte_to_iperf3": round(statistics.median(ratios), 2) if ratios else None}
 
 
 def gloo_ring(lab, servers: int, mbytes: int, iterations: int) -> dict | None:
@@ -313,11 +349,14 @@ def main() -> None:
     parser.add_argument("--transports", default="tcp,grpc",
                         help="comma-separated agent transports, each on the same labs (the first is the goal's)")
     parser.add_argument("--no-goodput", action="store_true", help="skip the 2-server goodput case")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="iperf3 and agents' windows in turn at the slow rate, for the CPU goal (0: none)")
     args = parser.parse_args()
     chosen = tuple(filter(None, args.transports.split(",")))
     one = None if args.no_goodput else goodput(args.mbytes, args.iterations, chosen[0])
     rings = [r for partition in (0, args.partition_mbytes) for rate in ("1Gbit", args.slow_rate)
-             for r in ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition, transports=chosen)]
+             for r in ring_busbw(args.servers, args.mbytes, args.iterations, rate, partition, transports=chosen,
+                                 pairs=args.pairs if rate == args.slow_rate else 0)]
     if args.jumbo_mtu:
         rings += ring_busbw(args.servers, args.mbytes, args.iterations, "1Gbit", mtu=args.jumbo_mtu, transports=chosen)
     if one:
@@ -334,8 +373,10 @@ def main() -> None:
               f"core-s per wire GB over {ring['agents_steady_seconds']} s = {ring['steady_cpu_per_byte_to_iperf3']} x "
               f"iperf3's {ring['iperf3_steady_cpu_s_per_gb']} (the mean of "
               f"{' and '.join(str(w['steady_cpu_s_per_gb']) for w in ring['iperf3_windows'])}, before and after, "
-              f"{ring['iperf3_steady_seconds']} s each) (goal <= 1.3 at "
-              f"{args.slow_rate}); RSS beyond buffer {ring['rss_beyond_buffer_mib']} MiB"
+              f"{ring['iperf3_steady_seconds']} s each)"
+              + (f"; paired, window by window: {ring['paired_cpu_per_byte_to_iperf3']} x iperf3's (the median of "
+                 f"{', '.join(map(str, ring['paired_ratios']))}) (goal <= 1.3)" if ring.get("paired_ratios") else "")
+              + f"; RSS beyond buffer {ring['rss_beyond_buffer_mib']} MiB"
               + (f"; gloo {ring['gloo_ratio_to_link']} of the link, ours / gloo {ring['ratio_to_gloo']}"
                  if "ratio_to_gloo" in ring else ""))
     smaller = [n for n in (2, 4) if n < args.servers] if args.scaling else []
