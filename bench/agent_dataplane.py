@@ -226,9 +226,7 @@ def paired_cpu(lab, endpoints, ring: dict, pairs: int) -> dict:
     ratio, and their median. The agents stay up, idle, while iperf3 runs, as they do between
     a run's iterations."""
     servers, elements = ring["servers"], ring["mbytes"] * 2**20 // 4
-    pipelining = {"partition_bytes": ring["partition_mbytes"] * 2**20,
-                  "credit_bytes": 2 * ring["partition_mbytes"] * 2**20} if ring["partition_mbytes"] else {}
-    ctx = Context(servers, options={"colocated": True}) if ring["algorithm"] == "ps" else None
+    ctx, pipelining = _run_options(servers, ring["algorithm"], ring["partition_mbytes"])
     iterations = max(2, math.ceil(PAIRED_WINDOW_S / max(ring["time_s"], 1e-3)))
     ratios = []
     for _ in range(pairs):
@@ -295,12 +293,18 @@ def _against(ring: dict, baseline: dict) -> None:
         "ratio_to_iperf3_ring": round(ring["busbw_mbit"] / baseline["mbit_per_flow"], 3)})
 
 
+def _run_options(servers: int, algorithm: str, partition_mbytes: int) -> tuple[Context | None, dict]:
+    """driver.run's context and pipelining for a case: a PS's shards on the servers; with
+    `partition_mbytes`, ByteScheduler partitions of that size, two in flight."""
+    pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
+        if partition_mbytes else {}
+    return (Context(servers, options={"colocated": True}) if algorithm == "ps" else None), pipelining
+
+
 def _ring_over(endpoints, lab, transport: str, servers: int, mbytes: int, iterations: int, rate: str,
                partition_mbytes: int, algorithm: str, mtu: int) -> dict:
     elements = mbytes * 2**20 // 4
-    pipelining = {"partition_bytes": partition_mbytes * 2**20, "credit_bytes": 2 * partition_mbytes * 2**20} \
-        if partition_mbytes else {}
-    ctx = Context(servers, options={"colocated": True}) if algorithm == "ps" else None
+    ctx, pipelining = _run_options(servers, algorithm, partition_mbytes)
     steady = SteadyState(lab)
     with steady:
         before = cpu_counters()
