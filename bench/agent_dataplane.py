@@ -28,14 +28,15 @@
 Every ring case runs once per agent transport (`--transports tcp,grpc`) on the same lab
 against the same iperf3 baseline, and gives the agents' CPU per byte (busy core-seconds from
 /proc/stat over the whole back-to-back run ÷ bytes the agents sent) against iperf3's (÷ bytes
-delivered), and the same in steady state, which the goal (≤ 1.3 × at the slow rate) is read
-from: CPU per GB the servers' fabric NICs received, from 5 s after the traffic began to its
-end (SteadyState), for iperf3 (20 s, before the agents and again after them: the mean of
-the two) and the agents alike. At the slow rate the goal's figure is paired (`--pairs`):
-iperf3's window and an agents' window in turn, a few times, each pair's ratio, and their
-median: the machine's own cost per byte moved by 0.56-0.82 core-s/GB within an hour, far
-more than the goal's margin, while two windows side by side share what it was doing. With torch installed, PyTorch's gloo allreduce runs on the same lab too
-(bench/gloo_allreduce.py) and each unpipelined ring prints its ratio to gloo's busbw.
+delivered), and the same in steady state: CPU per GB the servers' fabric NICs received,
+from 5 s after the traffic began to its end (SteadyState), for iperf3 (20 s, before the
+agents and again after them: the mean of the two) and the agents alike. The goal (≤ 1.3 ×
+at the slow rate) is read window by window (`--pairs`): iperf3's window and an agents'
+window in turn, a few times, each pair's steady ratio, and their median. The machine's own
+cost per byte moved by 0.56-0.82 core-s/GB within an hour, far more than the goal's margin,
+while two windows side by side share what it was doing. With torch installed, PyTorch's
+gloo allreduce runs on the same lab too (bench/gloo_allreduce.py) and each unpipelined ring
+prints its ratio to gloo's busbw.
 Agents run in bare namespaces (netns runtime) from this venv. Prints a table and JSON.
 """
 
