@@ -139,15 +139,15 @@ class Engine:
         self.progressed_at: float | None = None
 
     def replan(self, plans: list[PartitionPlan], link_rate: float) -> None:
-        """New shares for the same transfers, before the first iteration (a plan whose
-        transfers differ would not match the peers')."""
-        if self.iteration >= 0:
-            raise RuntimeError("a plan can change only before the first iteration")
+        """New shares for the same transfers (a plan whose transfers differ would not match
+        the peers'). Before the first iteration, or while the run goes on (a link-degrade
+        applied or undone): an allreduce takes its plans when it begins, so the new shares
+        pace from the next iteration on, while the sends under way keep theirs."""
         if [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in plans] != \
                 [(p.index, [(s.step, [(x.dst, x.offset, x.count) for x in s.sends]) for s in p.steps]) for p in self.plans]:
             raise ValueError("the new plan's transfers differ from the configured ones")
         self.plans = plans
-        self.pacer = Pacer(link_rate, self.pacer.stale, self.pace_setter)
+        self.pacer.link_rate = link_rate  # the same Pacer: it knows the connections and what they carry
 
     # -- receiving (called by the Data servicer) ------------------------------------------
     async def accept(self, first: tuple[pb.Chunk, memoryview], rest) -> None:

@@ -135,6 +135,15 @@ class Agent:
         self.task = asyncio.create_task(self._run(start_at))
         self.task.add_done_callback(lambda _: (self.ended.set(), asyncio.create_task(self._notify())))
 
+    def repace(self, run_id: str, plan_json: str) -> None:
+        """The running run's plan with shares over the links as they are now: from its next
+        iteration on (Engine.replan)."""
+        if self.config is None or self.config.run_id != run_id:
+            raise RuntimeError(f"run {run_id!r} is not the configured one")
+        if self.state not in ("configured", "running"):
+            raise RuntimeError(f"cannot repace a run that is {self.state}")
+        self.engine.replan(plan_format.parse(plan_json), plan_format.link_rate(plan_json))
+
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
@@ -314,6 +323,13 @@ class ControlService(pb_grpc.ControlServicer):
             return pb.Ack(ok=True)
         except Exception as exc:  # noqa: BLE001
             return pb.Ack(ok=False, error=str(exc))
+
+    async def Repace(self, request, context):  # noqa: N802
+        try:
+            self.agent.repace(request.run_id, request.plan_json)
+            return pb.Ack(ok=True)
+        except Exception as exc:  # noqa: BLE001
+            return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")
 
     async def Status(self, request, context):  # noqa: N802
         return self.agent.status()

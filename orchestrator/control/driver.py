@@ -31,10 +31,12 @@ from orchestrator.cost import Network, Prediction
 from orchestrator.collectives.schedule import RankMismatch
 from orchestrator.cost.compiled import CompiledRun, compile_run
 from orchestrator.cost.routes import Routes
+from orchestrator.topology import Topology
 from orchestrator.errors import RunError, TestbedError  # noqa: F401  RunError re-exported
 # the Control client (control/endpoints.py), re-exported: driver.Endpoint, driver.wait_healthy, …
 from orchestrator.control.endpoints import (CONTROL_OPTIONS, CONTROL_SERVICE, Endpoint, control_channel,  # noqa: F401
                                            control_stubs, refused, shutdown, wait_healthy)
+from orchestrator.control.repacing import Repacer
 from orchestrator.control.stalls import LONG_POLL_SECONDS, SILENT_SECONDS, RankView, Stall, default_stall_timeout
 
 log = logging.getLogger("testbed.driver")
@@ -143,6 +145,7 @@ def run(
     trace: bool = False,
     compiled: CompiledRun | None = None,
     prepare: Callable[[CompiledRun], None] | None = None,
+    links_now: Callable[[], Topology] | None = None,
 ) -> RunResult:
     """Run `iterations` of `algorithm` over the agents; raises RunError naming a failed rank.
 
@@ -182,6 +185,9 @@ def run(
     and prediction, instead of compiling it again (a re-formed membership compiles its own).
     `prepare(compiled)`: called with each attempt's compiled run before its agents open their
     connections (a lab sizes its NICs' super-packets by its smallest transfer).
+    `links_now()`: the lab's topology with the rates its link-degrades set now, polled while a
+    paced run goes on; when they change, the agents pace at the shares over them from their
+    next iteration (control/repacing.py). The prediction stays the run's own.
     """
     workers = [e for e in endpoints if e.role == "worker"]
     ctx = ctx or Context(len(workers))
@@ -191,7 +197,7 @@ def run(
     except ValueError as exc:
         raise RunError(str(exc)) from None
     how = _How(algorithm, tensors, partition_bytes, credit_bytes, chunk_bytes, network, pace, stall_timeout, link_state,
-               flow_paths, transport, trace, compiled, prepare)
+               flow_paths, transport, trace, compiled, prepare, links_now)
     if survive:
         return _Survivor(how, ctx, endpoints, per_worker, iterations, timeout, rejoin).run()
     specs = {e.rank: per_worker[e.rank] for e in workers}
@@ -216,6 +222,7 @@ class _How:
     trace: bool = False
     compiled: CompiledRun | None = None  # as planned (run's `compiled`)
     prepare: Callable[[CompiledRun], None] | None = None  # before the agents connect (run's `prepare`)
+    links_now: Callable[[], Topology] | None = None  # the lab's links as they are now (run's `links_now`)
 
 
 @dataclass
@@ -314,7 +321,10 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-        _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span)
+        repacer = Repacer(how.links_now, ctx.topology.rates, compiled, run_id, endpoints, stubs) \
+            if paced and how.links_now is not None else None
+        _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span,
+              repacer.poll if repacer is not None else None)
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
     return RunResult(run_id, algorithm, results, size * 4, wall, predicted, compiled=compiled)
@@ -641,12 +651,13 @@ def _stop_stale(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub]
 
 
 def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], deadline: float, stall: Stall,
-          span: _Span | None = None) -> None:
+          span: _Span | None = None, tick: Callable[[], None] | None = None) -> None:
     """Until every agent is done: one long-polling Wait per agent at a time (see Agent.wait),
     answered the moment its run ends; the first failure stops them all, and so does a stall
     (`Stall`: checked on every answer and every `TICK_SECONDS`). With `span.collect`, each
     Wait also answers with the agent's new records (kept there by node), so that the records
-    of an agent that dies are not lost; `span.interrupt` stops the run (_Rejoining)."""
+    of an agent that dies are not lost; `span.interrupt` stops the run (_Rejoining). `tick()`
+    is called on every answer and every `TICK_SECONDS` too (Repacer.poll)."""
     answers: queue.Queue[tuple[Endpoint, grpc.Future]] = queue.Queue()
     collect = span.collect if span is not None else None
     interrupt = span.interrupt if span is not None else None
@@ -693,6 +704,8 @@ def _wait(endpoints: list[Endpoint], stubs: dict[str, pb_grpc.ControlStub], dead
         if interrupt is not None and interrupt():
             _stop_all(stubs)
             raise _Rejoining()
+        if tick is not None:
+            tick()
         if stall.stalled(_views(pending, last)):
             views = _views({e.rank: e for e in endpoints}, last)
             message = stall.message(views)

@@ -79,11 +79,13 @@ class CompiledRun:
                                        compute_s=compute_s, attribute=attribute, compute=compute, warmup=warmup)
         return dataclasses.replace(self, network=network, routes=routes, prediction=prediction)
 
-    def shares(self) -> dict:
-        """The fair share of every connection over the routes predicted (agent/pacing.py)."""
+    def shares(self, topology: Topology | None = None) -> dict:
+        """The fair share of every connection over the routes predicted (agent/pacing.py);
+        with `topology`, over the same paths on its links' rates (what a link-degrade left)."""
         if self.routes is None or self.network is None:
             raise ValueError("shares of a run come from its prediction: call predicted() first")
-        return fair_shares(self.routes, self.schedules, list(self.nodes), self.network)
+        routes = self.routes if topology is None else Routes(topology, self.routes.pinned, self.routes.underlay)
+        return fair_shares(routes, self.schedules, list(self.nodes), self.network)
 
 
 def smallest_transfer_bytes(schedules: Schedules, itemsize: int = 4) -> int:

@@ -62,7 +62,8 @@ class LabAgents(list):
         given). Faithful unless told otherwise: paced at fair shares over the hashed paths,
         predicted from the lab's links (`latency`: α per message, e.g. as `testbed calibrate
         --latency-only --lab` measured it; 0 leaves it out), stalls named with the link that is
-        down; each link-degrade with a rate in effect while it ran, beside the model's prediction
+        down, re-paced from the next iteration when a link-degrade is applied or undone while
+        it runs; each link-degrade with a rate in effect while it ran, beside the model's prediction
         of the iterations it held from start to end (after the first, when it ran more), in
         `result.under_faults` (as `testbed run`'s results.json has them). The servers' NICs
         build super-packets sized for the run's smallest transfer, as `testbed run`'s do.
@@ -79,7 +80,8 @@ class LabAgents(list):
         ctx = Context(len(workers), as_degraded(self.lab), tuple(e.node for e in ranked), dict(options or {}))
         workload = workloads.emulated(tensors) if workload is None else workload
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency, wire=wire),
-                             link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
+                             link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport),
+                             links_now=lambda: as_degraded(self.lab)) \
             if faithful else dict(pace=False)
         more.setdefault("prepare", super_packets_of(self.lab))
         started = time.time()
@@ -132,7 +134,8 @@ def as_degraded(lab):
     """The lab's topology with the rates its active `link-degrade` faults set (both directions
     of the link each names, `A-B`, from the lab's fault log): what a run that starts now is
     paced at and predicted with. A degrade applied or undone while the run goes on is priced
-    after it, over the iterations it held (`under_faults`); the pacing stays as it started."""
+    after it, over the iterations it held (`under_faults`), and the agents are re-paced from
+    their next iteration (control/repacing.py)."""
     rates = {}
     for degrade in sorted(degrades_of(lab.state.active_faults()), key=lambda d: d.applied):
         rates.update(degrade.rates())

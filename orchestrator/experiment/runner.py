@@ -343,7 +343,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
                                     network=planned.prediction.network, link_state=lab.link_up,
                                     flow_paths=lab_agents.flow_paths(lab, spec.agents.transport), survive=bool(faults),
                                     rejoin=rejoiner, transport=spec.agents.transport, compiled=planned.compiled,
-                                    prepare=prepare)
+                                    prepare=prepare, links_now=lambda: lab_agents.as_degraded(lab))
         except driver.RunError as exc:
             entry["status"], entry["error"] = "failed", str(exc)
         except BaseException as exc:

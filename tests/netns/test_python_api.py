@@ -2,10 +2,12 @@
 `agents.run("hips", tensors, …)` with no further arguments paces every connection at its fair
 share over the hashed paths and predicts, on bcube,4,1 at 100 Mbit (12.5 MB of ResNet-50's
 layout); `faithful=False` is the explicit way out; a link-degrade made while it runs is
-priced over the iterations it held. Lab: ex-api."""
+priced over the iterations it held, and the agents are re-paced at the shares it leaves from
+their next iteration, and again once it is undone. Lab: ex-api."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
@@ -85,38 +87,60 @@ def _when_every_agent_reaches(agents, iteration: int, previous: set[str], deadli
     raise AssertionError(f"the agents did not reach iteration {iteration}")
 
 
-def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_held(agents):
+def _max_pacing_rates(lab, server: str) -> list[int]:
+    """The pacing limits (bit/s) on `server`'s TCP connections, as the kernel reports them
+    (`ss -ti`: `pacing_rate R/MAX`; a connection without a limit shows no MAX)."""
+    shown = lab.exec(server, ["ss", "-tinH", "state", "established"]).stdout
+    return [int(limit) for limit in re.findall(r"pacing_rate \d+bps/(\d+)bps", shown)]
+
+
+def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_held_and_repaces(agents):
     """`testbed fault … link-degrade` (here its Injector) during `agents.run`: the result says
     which iterations the slower link held, beside the model's prediction for them, with no
-    further arguments (issue 30, item 4)."""
+    further arguments (issue 30, item 4). Meanwhile the agents pace at the shares the slower
+    link leaves: h00's connection over it at half the link, from the iteration after the
+    degrade, and unpaced again (the link to itself) after the undo."""
+    from orchestrator.agent.pacing import SLACK
     from orchestrator.agent.proto import testbed_pb2 as pb
     from orchestrator.control import driver
+    from orchestrator.cost import Network
     from orchestrator.faults.injector import Injector
 
     injector = Injector(agents.lab)
     with driver.control_stubs(list(agents)) as stubs:
         previous = {stub.Status(pb.Empty(), timeout=2).run_id for stub in stubs.values()}
     failures: list[BaseException] = []
+    limits: dict[str, list[int]] = {}  # h00's connections' pacing limits: before, while degraded, after
 
     def degrade() -> None:
         deadline = time.monotonic() + 120
         try:
             _when_every_agent_reaches(agents, 2, previous, deadline)
+            limits["before"] = _max_pacing_rates(agents.lab, "h00")
             applied = injector.inject("link-degrade", "h00-l0s0", {"rate": "50Mbit"})
             try:
+                _when_every_agent_reaches(agents, 4, previous, deadline)  # re-paced from iteration 3 or 4
+                limits["degraded"] = _max_pacing_rates(agents.lab, "h00")
                 _when_every_agent_reaches(agents, 5, previous, deadline)
             finally:
                 injector.undo(applied.fault.id)
+            _when_every_agent_reaches(agents, 7, previous, deadline)
+            limits["after"] = _max_pacing_rates(agents.lab, "h00")
         except BaseException as exc:  # seen by the test below
             failures.append(exc)
 
     thread = threading.Thread(target=degrade)
     thread.start()
     try:
-        result = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=7)
+        result = agents.run("ring", TENSORS, workloads.back_to_back(TENSORS), iterations=8)
     finally:
         thread.join()
     assert not failures, failures
+    half = 0.5 * SLACK * Network.from_links(agents.lab.spec.links).payload_rate * 8  # bit/s
+    print(f"h00's pacing limits (Mbit/s): before {limits['before']}, while h00-l0s0 ran at 50 Mbit "
+          f"{[round(x / 1e6, 2) for x in limits['degraded']]} (half the link: {half / 1e6:.2f}), after {limits['after']}")
+    assert limits["before"] == [] and limits["after"] == [], limits  # the ring's connections have their links to themselves
+    assert [round(x / half, 2) for x in limits["degraded"]] == [1.0], limits
     assert agents.lab.state.active_faults() == []
     [held] = result.under_faults
     print(f"ring on bcube,4,1, h00-l0s0 at 50 Mbit by hand over iterations {held['iterations']}: "

@@ -64,6 +64,11 @@ class ControlStub:
                 request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
                 response_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Repace = channel.unary_unary(
+                '/testbed.Control/Repace',
+                request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.RepaceRequest.SerializeToString,
+                response_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/testbed.Control/Health',
                 request_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
@@ -120,6 +125,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Repace(self, request, context):
+        """new shares for the running run, from its next iteration
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -164,6 +176,11 @@ def add_ControlServicer_to_server(servicer, server):
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
                     request_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.FromString,
+                    response_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.SerializeToString,
+            ),
+            'Repace': grpc.unary_unary_rpc_method_handler(
+                    servicer.Repace,
+                    request_deserializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.RepaceRequest.FromString,
                     response_serializer=orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
@@ -338,6 +355,33 @@ class Control:
             target,
             '/testbed.Control/Stop',
             orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Empty.SerializeToString,
+            orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Repace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/testbed.Control/Repace',
+            orchestrator_dot_agent_dot_proto_dot_testbed__pb2.RepaceRequest.SerializeToString,
             orchestrator_dot_agent_dot_proto_dot_testbed__pb2.Ack.FromString,
             options,
             channel_credentials,
