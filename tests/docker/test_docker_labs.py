@@ -58,9 +58,11 @@ def test_containers_are_servers_with_no_docker_network(make_lab):
     # pins 64 MiB, past the 8 MiB RLIMIT_MEMLOCK Docker hands down
     pinned = lab.exec("h00", ["python", "-c", PIN_64_MIB])
     assert pinned.returncode == 0 and pinned.stdout.strip() == "pinned", pinned.stdout
-    # the agent's Python and this package are installed in the image
-    probe = lab.exec("h00", ["python", "-c", "import orchestrator, grpc, numpy; print('ok')"])
-    assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stdout
+    # the agent's Python and this package are installed in the image, with rdma-core's
+    # binding the rdma transport moves chunks with (pyverbs: Debian's, linked into the venv)
+    probe = lab.exec("h00", ["python", "-c", "import orchestrator, grpc, numpy; from orchestrator.agent.transports "
+                             "import rdma; assert rdma.CMID is not None, 'no pyverbs'; print('ok')"])
+    assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stdout + probe.stderr
 
 
 def test_bridges_work_under_dockers_forward_drop(make_lab):
