@@ -80,6 +80,9 @@ class RunResult:
     # each link-degrade made while the run went on, beside the model's prediction of the
     # iterations it held (control/iterations.under_degrades): set by a lab's faithful run
     under_faults: list[dict] = field(default_factory=list)
+    # when the agents were re-paced because the lab's links changed under the run (a
+    # link-degrade applied or undone), with the rates paced at from then (Repacer.changes)
+    repaced: list[dict] = field(default_factory=list)
 
     def gst(self) -> list[float]:
         """Per iteration, the synchronisation time of the slowest agent (parameter servers
@@ -237,6 +240,7 @@ class _Span:
     collect: dict[str, list] | None = None  # node → records, streamed as they are made
     interrupt: Callable[[], bool] | None = None  # polled: True stops the attempt (_Rejoining)
     predicted: Prediction | None = None  # set by the attempt: its schedules' prediction
+    repaced: list[dict] = field(default_factory=list)  # the attempts' re-pacings (Repacer.changes), shared
 
 
 def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int, dict], span: _Span,
@@ -321,13 +325,14 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-        repacer = Repacer(how.links_now, ctx.topology.rates, compiled, run_id, endpoints, stubs) \
+        repacer = Repacer(how.links_now, ctx.topology.rates, compiled, run_id, endpoints, stubs, span.repaced) \
             if paced and how.links_now is not None else None
         _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span,
               repacer.poll if repacer is not None else None)
         wall = time.monotonic() - started
         results = [stubs[e.control].Results(pb.Empty(), timeout=30) for e in endpoints]
-    return RunResult(run_id, algorithm, results, size * 4, wall, predicted, compiled=compiled)
+    return RunResult(run_id, algorithm, results, size * 4, wall, predicted, compiled=compiled,
+                     repaced=list(span.repaced))
 
 
 MAX_REFORMS = 16  # membership changes one run survives
@@ -348,6 +353,7 @@ class _Survivor:
         self.identities = {e.node: e.rank for e in ordered if e.role == "worker"}
         self.specs = {e.node: per_worker[e.rank] for e in ordered if e.role == "worker"}
         self.rank = {e.node: e.rank for e in ordered}
+        self.repaced: list[dict] = []  # every attempt's re-pacings (RunResult.repaced)
         self.current = {e.node: e for e in ordered}
         self.dead: set[str] = set()
         self.records: dict[str, dict[int, pb.IterationRecord]] = {e.node: {} for e in ordered}
@@ -371,7 +377,8 @@ class _Survivor:
                 self.history.pop()  # it finished no iteration: this membership replaces it
             self.history.append(Epoch(done, members, tuple(e.node for e in live), reason))
             collected: dict[str, list] = {}
-            span = _Span(done, self.iterations - done, members, self.identities, state, collected, self._rejoin_ready)
+            span = _Span(done, self.iterations - done, members, self.identities, state, collected, self._rejoin_ready,
+                         repaced=self.repaced)
             live = _around_down_nics(live, self.ctx, self.how.link_state)
             specs = {e.rank: self.specs[e.node] for e in live if e.role == "worker"}
             try:
@@ -497,7 +504,8 @@ class _Survivor:
                 got.error = "lost during the run"
             results.append(got)
         return RunResult(uuid.uuid4().hex[:12], self.how.algorithm, results, sum(self.how.tensors) * 4, wall,
-                         self.predicted, list(self.history), dict(self.identities), self.compiled)
+                         self.predicted, list(self.history), dict(self.identities), self.compiled,
+                         repaced=list(self.repaced))
 
 
 def _around_down_nics(endpoints: list[Endpoint], ctx: Context,

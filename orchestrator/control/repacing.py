@@ -35,11 +35,13 @@ class Repacer:
     topology with the rates its link-degrades set now, `rates` those the run was paced at."""
 
     def __init__(self, links_now: Callable[[], Topology], rates: dict, compiled: CompiledRun, run_id: str,
-                 endpoints: list[Endpoint], stubs: dict) -> None:
+                 endpoints: list[Endpoint], stubs: dict, changes: list[dict] | None = None) -> None:
         self.links_now, self.rates, self.compiled = links_now, dict(rates), compiled
         self.run_id, self.endpoints, self.stubs = run_id, endpoints, stubs
         self.next = time.monotonic() + POLL_SECONDS
-        self.changes: list[tuple[float, dict]] = []  # (Unix time, the rates paced at from then)
+        # each re-pacing: when (Unix time), and the link directions at a rate of their own
+        # from then ("a→b": bit/s); appended to the caller's list when given
+        self.changes: list[dict] = changes if changes is not None else []
 
     def poll(self) -> None:
         now = time.monotonic()
@@ -57,7 +59,7 @@ class Repacer:
         network = self.compiled.network
         plans = build_rank_plans(self.compiled.schedules, self.compiled.ranks, self.compiled.shares(topology),
                                  network.payload_rate)
-        self.changes.append((time.time(), self.rates))
+        self.changes.append({"at": time.time(), "rates": {f"{a}→{b}": rate for (a, b), rate in sorted(self.rates.items())}})
         for endpoint in self.endpoints:
             request = pb.RepaceRequest(run_id=self.run_id, plan_json=plans[endpoint.rank])
             future = self.stubs[endpoint.control].Repace.future(request, timeout=REPACE_TIMEOUT)

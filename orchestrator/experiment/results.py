@@ -271,6 +271,11 @@ class _UnderFault(_Model):
     ratio: Number = None
 
 
+class _Repaced(_Model):
+    at: float  # Unix time
+    rates: dict[str, float] = {}  # link direction "a→b" → bit/s, those at a rate of their own from then
+
+
 class _Fidelity(_Model):
     verdict: str = "–"
     reasons: list[str] = []
@@ -316,6 +321,7 @@ class _Point(_Model):
     queues_per_link: Optional[_Queues] = None
     fault_events: list[_FaultEvent] = []
     under_faults: list[_UnderFault] = []
+    repaced: list[_Repaced] = []
     fidelity: Optional[_Fidelity] = None
     checker: Optional[_Checker] = None
     records: list[_Record] = []

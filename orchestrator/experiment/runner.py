@@ -370,6 +370,7 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
         entry["checker"] = _check(result, workloads.checked(point.workload))
         entry["under_faults"] = _under_faults(plan, planned, records, entry["fault_events"], spec.warmup, paths)
+        entry["repaced"] = result.repaced  # the agents' pacing, following the links the timeline changed
     entry["fidelity"] = _judge(entry, counters["before"], counters["after"], float(lab.spec.links.bandwidth) / 8,
                                packets)
     return any(f.action.startswith("server-") for f in faults)

@@ -118,6 +118,10 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         # near the model, not a fidelity bound (bench/ measures that): 1.00 alone on a quiet machine,
         # 1.15-1.20 seen in full suites on these two cores; priced at the undegraded rate it is ~2
         assert 0.85 <= held["ratio"] <= 1.3
+        # the agents were re-paced at the shares the halved link leaves, once it was (the undo,
+        # 1.5 s on, may come after the run's last iteration)
+        assert point["repaced"] and point["repaced"][0]["rates"] == {"h0→sw": 50e6, "sw→h0": 50e6}, point["repaced"]
+        assert event["applied"] <= point["repaced"][0]["at"] <= point["window"]["end"] + 1
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["id"] for r in rows] == [p["id"] for p in results["points"]]

@@ -92,7 +92,7 @@ def test_a_degraded_uplink_repaces_every_agent_at_the_shares_it_leaves_and_its_u
     repacer.next = 0.0
     repacer.poll()
     assert len(sent) == 4 and all(shares == {round(1 / 3, 6)} for r in sent for shares in _shares_of(r).values())
-    assert [rates for _, rates in repacer.changes] == [{("h0", "sw"): 50e6, ("sw", "h0"): 50e6}, {}]
+    assert [change["rates"] for change in repacer.changes] == [{"h0→sw": 50e6, "sw→h0": 50e6}, {}]
 
 
 def test_links_are_read_at_most_every_poll_interval():
