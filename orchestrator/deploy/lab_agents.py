@@ -80,9 +80,10 @@ class LabAgents(list):
         ctx = Context(len(workers), as_degraded(self.lab), tuple(e.node for e in ranked), dict(options or {}))
         workload = workloads.emulated(tensors) if workload is None else workload
         faithful_args = dict(network=Network.from_links(self.lab.spec.links, latency=latency, wire=wire),
-                             link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport),
-                             links_now=lambda: as_degraded(self.lab)) \
+                             link_state=self.lab.link_up, flow_paths=flow_paths(self.lab, transport)) \
             if faithful else dict(pace=False)
+        if faithful:  # `links_now=None` keeps the pacing as the run started (bench/repacing.py's other arm)
+            more.setdefault("links_now", lambda: as_degraded(self.lab))
         more.setdefault("prepare", super_packets_of(self.lab))
         started = time.time()
         result = driver.run(list(self), algorithm, tensors, workload, iterations, ctx=ctx, transport=transport,
