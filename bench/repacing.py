@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.agent.proto import testbed_pb2 as pb  # noqa: E402
-from orchestrator.control import driver, workloads  # noqa: E402
+from orchestrator.control import workloads  # noqa: E402
+from orchestrator.control.endpoints import run_ids, until_iteration  # noqa: E402
 from orchestrator.control.iterations import sync_times  # noqa: E402
 from orchestrator.cost.routes import Routes  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
@@ -39,28 +39,15 @@ from orchestrator.spec import lab_from_argument  # noqa: E402
 BAND = (0.90, 1.10)
 
 
-def _when_all_reach(agents, iteration: int, previous: set[str], deadline: float) -> None:
-    """Until every agent runs a run other than `previous` at `iteration` or later."""
-    with driver.control_stubs(list(agents)) as stubs:
-        while time.monotonic() < deadline:
-            statuses = [stub.Status(pb.Empty(), timeout=2) for stub in stubs.values()]
-            if all(s.run_id not in previous and s.state in ("running", "done") and s.iteration >= iteration
-                   for s in statuses):
-                return
-            time.sleep(0.05)
-    raise TimeoutError(f"the agents did not reach iteration {iteration}")
-
-
 def one_run(agents, args, tensors, repaced: bool) -> dict:
     injector = Injector(agents.lab)
-    with driver.control_stubs(list(agents)) as stubs:
-        previous = {stub.Status(pb.Empty(), timeout=2).run_id for stub in stubs.values()}
+    previous = run_ids(list(agents))
     degrade = injector.inject("link-degrade", args.link, {"rate": args.degraded})
     undone: list[float] = []
 
     def undo() -> None:
         try:
-            _when_all_reach(agents, args.undo_at, previous, time.monotonic() + 600)
+            until_iteration(list(agents), args.undo_at, previous, timeout=600)
         finally:
             injector.undo(degrade.fault.id)
             undone.append(time.time())

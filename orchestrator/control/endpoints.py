@@ -112,6 +112,29 @@ def wait_healthy(endpoints: list[Endpoint], timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+def run_ids(endpoints: list[Endpoint]) -> set[str]:
+    """The runs the agents hold now (one each; "" for none): what `until_iteration` passes
+    over, to wait for the run started next."""
+    with control_stubs(endpoints) as stubs:
+        return {stub.Status(pb.Empty(), timeout=5).run_id for stub in stubs.values()}
+
+
+def until_iteration(endpoints: list[Endpoint], iteration: int, other_than: set[str] = frozenset(),
+                    timeout: float = 120.0) -> None:
+    """Wait (polling Status) until every agent runs a run not in `other_than` (`run_ids`
+    taken before it started) at `iteration` or later, or has finished it: what a script
+    that changes the lab mid-run (a fault at an iteration) waits for. RunError at `timeout`."""
+    deadline = time.monotonic() + timeout
+    with control_stubs(endpoints) as stubs:
+        while time.monotonic() < deadline:
+            statuses = [stub.Status(pb.Empty(), timeout=5) for stub in stubs.values()]
+            if all(s.run_id not in other_than and s.state in ("running", "done") and s.iteration >= iteration
+                   for s in statuses):
+                return
+            time.sleep(0.05)
+    raise RunError(f"the agents did not all reach iteration {iteration} within {timeout:.0f} s")
+
+
 def call_each(stubs: dict[str, pb_grpc.ControlStub], method: str) -> None:
     """`method` (Stop, Shutdown) on every agent, skipping those already gone."""
     for stub in stubs.values():

@@ -71,22 +71,6 @@ def test_a_run_sizes_its_servers_super_packets_as_testbed_run_does(agents):
     assert server_sizes() == {super_packet_bytes(2 << 20, largest, rate)}  # 2 MiB transfers: the most at this rate
 
 
-def _when_every_agent_reaches(agents, iteration: int, previous: set[str], deadline: float) -> None:
-    """Wait (polling Status) until every agent runs a run other than `previous` at `iteration`
-    or later; AssertionError at `deadline`."""
-    from orchestrator.agent.proto import testbed_pb2 as pb
-    from orchestrator.control import driver
-
-    with driver.control_stubs(list(agents)) as stubs:
-        while time.monotonic() < deadline:
-            statuses = [stub.Status(pb.Empty(), timeout=2) for stub in stubs.values()]
-            if all(s.run_id not in previous and s.state in ("running", "done") and s.iteration >= iteration
-                   for s in statuses):
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"the agents did not reach iteration {iteration}")
-
-
 def _max_pacing_rates(lab, server: str) -> list[int]:
     """The pacing limits (bit/s) on `server`'s TCP connections, as the kernel reports them
     (`ss -ti`: `pacing_rate R/MAX`; a connection without a limit shows no MAX)."""
@@ -101,30 +85,28 @@ def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_h
     link leaves: h00's connection over it at half the link, from the iteration after the
     degrade, and unpaced again (the link to itself) after the undo."""
     from orchestrator.agent.pacing import SLACK
-    from orchestrator.agent.proto import testbed_pb2 as pb
-    from orchestrator.control import driver
+    from orchestrator.control.endpoints import run_ids, until_iteration
     from orchestrator.cost import Network
     from orchestrator.faults.injector import Injector
 
     injector = Injector(agents.lab)
-    with driver.control_stubs(list(agents)) as stubs:
-        previous = {stub.Status(pb.Empty(), timeout=2).run_id for stub in stubs.values()}
+    previous = run_ids(list(agents))
     failures: list[BaseException] = []
     limits: dict[str, list[int]] = {}  # h00's connections' pacing limits: before, while degraded, after
 
     def degrade() -> None:
         deadline = time.monotonic() + 120
         try:
-            _when_every_agent_reaches(agents, 2, previous, deadline)
+            until_iteration(list(agents), 2, previous, deadline - time.monotonic())
             limits["before"] = _max_pacing_rates(agents.lab, "h00")
             applied = injector.inject("link-degrade", "h00-l0s0", {"rate": "50Mbit"})
             try:
-                _when_every_agent_reaches(agents, 4, previous, deadline)  # re-paced from iteration 3 or 4
+                until_iteration(list(agents), 4, previous, deadline - time.monotonic())  # re-paced from iteration 3 or 4
                 limits["degraded"] = _max_pacing_rates(agents.lab, "h00")
-                _when_every_agent_reaches(agents, 5, previous, deadline)
+                until_iteration(list(agents), 5, previous, deadline - time.monotonic())
             finally:
                 injector.undo(applied.fault.id)
-            _when_every_agent_reaches(agents, 7, previous, deadline)
+            until_iteration(list(agents), 7, previous, deadline - time.monotonic())
             limits["after"] = _max_pacing_rates(agents.lab, "h00")
         except BaseException as exc:  # seen by the test below
             failures.append(exc)
