@@ -85,6 +85,7 @@ class Agent:
         self.ended.set()
         self.buffer_bytes = 0
         self.watched = time.monotonic()  # an orchestrator's last Configure, Start or Wait (see `status`)
+        self.repaced = 0  # the sequence of the configured run's last Repace taken
 
     # -- control ----------------------------------------------------------------------------
     async def configure(self, config: pb.RunConfig) -> None:
@@ -116,6 +117,7 @@ class Agent:
         self.watched = time.monotonic()
         async with self.ready:
             self.config, self.records, self.error, self.iteration = config, [], "", config.first_iteration
+            self.repaced = 0
             self.model = None
             self.state = "configured"
             self.ready.notify_all()
@@ -135,14 +137,17 @@ class Agent:
         self.task = asyncio.create_task(self._run(start_at))
         self.task.add_done_callback(lambda _: (self.ended.set(), asyncio.create_task(self._notify())))
 
-    def repace(self, run_id: str, plan_json: str) -> None:
+    def repace(self, run_id: str, plan_json: str, sequence: int) -> None:
         """The running run's plan with shares over the links as they are now: from its next
-        iteration on (Engine.replan)."""
+        iteration on (Engine.replan). One older than the last taken (`sequence`) is passed over."""
         if self.config is None or self.config.run_id != run_id:
             raise RuntimeError(f"run {run_id!r} is not the configured one")
         if self.state not in ("configured", "running"):
             raise RuntimeError(f"cannot repace a run that is {self.state}")
+        if sequence <= self.repaced:
+            return
         self.engine.replan(plan_format.parse(plan_json), plan_format.link_rate(plan_json))
+        self.repaced = sequence
 
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():
@@ -326,7 +331,7 @@ class ControlService(pb_grpc.ControlServicer):
 
     async def Repace(self, request, context):  # noqa: N802
         try:
-            self.agent.repace(request.run_id, request.plan_json)
+            self.agent.repace(request.run_id, request.plan_json, request.sequence)
             return pb.Ack(ok=True)
         except Exception as exc:  # noqa: BLE001
             return pb.Ack(ok=False, error=f"{type(exc).__name__}: {exc}")

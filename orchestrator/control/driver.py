@@ -325,7 +325,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
         for reply, endpoint in zip(replies, endpoints):
             if not reply.ok:
                 raise RunError(f"starting rank {endpoint.rank} ({endpoint.node}): {reply.error}")
-        repacer = Repacer(how.links_now, ctx.topology.rates, compiled, run_id, endpoints, stubs, span.repaced) \
+        repacer = Repacer(how.links_now, ctx.topology.rates, repaced or plans, compiled, run_id, endpoints, stubs,
+                          span.repaced) \
             if paced and how.links_now is not None else None
         _wait(endpoints, stubs, started + timeout, Stall(algorithm, stall_timeout, path_of, how.link_state), span,
               repacer.poll if repacer is not None else None)

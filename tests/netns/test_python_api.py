@@ -78,6 +78,17 @@ def _max_pacing_rates(lab, server: str) -> list[int]:
     return [int(limit) for limit in re.findall(r"pacing_rate \d+bps/(\d+)bps", shown)]
 
 
+def _settled(read, done, seconds: float = 2.0):
+    """`read()` once `done(read())` holds, or as read after `seconds` (a rank that has just
+    entered an iteration sets its connection's pacing as its first send of it begins)."""
+    deadline = time.monotonic() + seconds
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = read()
+    return value
+
+
 def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_held_and_repaces(agents):
     """`testbed fault … link-degrade` (here its Injector) during `agents.run`: the result says
     which iterations the slower link held, beside the model's prediction for them, with no
@@ -102,12 +113,12 @@ def test_a_degrade_made_by_hand_while_it_runs_is_priced_over_the_iterations_it_h
             applied = injector.inject("link-degrade", "h00-l0s0", {"rate": "50Mbit"})
             try:
                 until_iteration(list(agents), 4, previous, deadline - time.monotonic())  # re-paced from iteration 3 or 4
-                limits["degraded"] = _max_pacing_rates(agents.lab, "h00")
+                limits["degraded"] = _settled(lambda: _max_pacing_rates(agents.lab, "h00"), lambda x: x != [])
                 until_iteration(list(agents), 5, previous, deadline - time.monotonic())
             finally:
                 injector.undo(applied.fault.id)
             until_iteration(list(agents), 7, previous, deadline - time.monotonic())
-            limits["after"] = _max_pacing_rates(agents.lab, "h00")
+            limits["after"] = _settled(lambda: _max_pacing_rates(agents.lab, "h00"), lambda x: x == [])
         except BaseException as exc:  # seen by the test below
             failures.append(exc)
 

@@ -428,3 +428,23 @@ def test_a_rank_out_of_threads_says_so_in_one_line_and_closes_cleanly():
     message = _under_memory_limit(run)
     assert message.startswith("rank 0: could not start a thread for its connection to rank "), message
     assert "(7 connections): this host is out of threads (kernel.pid_max" in message and "\n" not in message
+
+
+def test_new_shares_reach_dataplane_c_when_the_next_iteration_begins():
+    """A re-pacing mid-run (Engine.replan) leaves the shares dataplane.c's writing threads
+    read alone while an iteration goes on; the next iteration starts with the new ones."""
+    steps = [plan_format.Step(0, [plan_format.Send(1, 0, 8, False, -1, 0.5)], [])]
+    plans = [plan_format.PartitionPlan(0, 0, 8, 0, steps)]
+    peers = {r: {"address": "127.0.0.1:9", "by_nic": {}, "node": f"h{r}"} for r in range(2)}
+    engine = NativeEngine("run", 0, plans, np.zeros(8, np.float32), peers, 64, 0, lambda *_: None, link_rate=1e6,
+                          transport="tcp")
+    try:
+        sends = engine.a["kind"] == 1
+        engine.iteration = 3  # running
+        engine.replan([plan_format.PartitionPlan(0, 0, 8, 0, [plan_format.Step(
+            0, [plan_format.Send(1, 0, 8, False, -1, 0.25)], [])])], 1e6)
+        assert list(engine.a["share"][sends]) == [0.5]  # the iteration under way keeps its shares
+        engine._take_shares()  # what allreduce does first
+        assert list(engine.a["share"][sends]) == [0.25] and engine.repaced is None
+    finally:
+        asyncio.run(engine.close())

@@ -50,6 +50,7 @@ class NativeEngine(Engine):
         self.registered = False
         self.opening: list[asyncio.Future] = []  # connections still being opened (_open_later)
         self.running = False
+        self.repaced: tuple[np.ndarray, float] | None = None  # shares replan took, for the next iteration
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dataplane")
         self.guard = threading.Condition()  # `serving` calls inside dp_serve; none once closed
         self.serving = 0
@@ -104,11 +105,19 @@ class NativeEngine(Engine):
                          *(ptr(x) for x in self.parts), ptr(self.start_order))
 
     def replan(self, plans, link_rate: float) -> None:
+        """New shares, handed to dataplane.c when the next iteration begins (its writing
+        threads read them while one goes on), as the Python engine takes its plans then."""
         super().replan(plans, link_rate)
         shares = [x.share for plan in sorted(self.plans, key=lambda p: p.index) for step in plan.steps
                   for x in step.sends if x.count]
-        self.a["share"][self.a["kind"] == 1] = shares
-        self.lib.dp_set_link_rate(self.dp, float(link_rate))
+        self.repaced = (np.array(shares, dtype=np.float64), float(link_rate))
+
+    def _take_shares(self) -> None:
+        if self.repaced is not None:
+            shares, link_rate = self.repaced
+            self.repaced = None
+            self.a["share"][self.a["kind"] == 1] = shares
+            self.lib.dp_set_link_rate(self.dp, link_rate)
 
     # -- connections --------------------------------------------------------------------
     async def connect(self, timeout: float = 10.0) -> None:
@@ -162,6 +171,7 @@ class NativeEngine(Engine):
     # -- one allreduce --------------------------------------------------------------------
     async def allreduce(self, iteration: int) -> None:
         self._register()
+        self._take_shares()
         self.iteration = iteration
         self.counted[:] = 0  # dp_iterate starts every range over
         self.progress[0] = time.monotonic()  # (CLOCK_MONOTONIC, as dataplane.c's)
