@@ -12,6 +12,7 @@ import csv
 import io
 from pathlib import Path
 
+from orchestrator import units
 from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
 from orchestrator.experiment import jobs, plots, snapshot
@@ -233,6 +234,14 @@ def write_summary(results: dict, path: Path) -> Path:
                   f"{' with ' + ', '.join(u['alongside']) if u.get('alongside') else ''} | {_iterations(u['iterations'])} | "
                   f"{_seconds(u.get('measured_s'))} | {_seconds(u.get('predicted_s'))} | "
                   f"{'–' if u.get('ratio') is None else format(u['ratio'], '.3f')} |" for pid, u in held]
+    repaced = [(p["id"], r) for p in results["points"] for r in p.get("repaced") or []]
+    if repaced:
+        lines += ["", "## Re-pacing", "", "When the links changed under a running point (a link-degrade applied or "
+                  "undone), its agents were paced at the shares over the links as they were then, from their next "
+                  "iteration:", "", "| point | at | link directions at a rate of their own |", "|---|---|---|"]
+        lines += [f"| {pid} | {_clock(r.get('at'))} | "
+                  f"{', '.join(f'{link} {units.format_rate(rate)}' for link, rate in (r.get('rates') or {}).items()) or 'none'} |"
+                  for pid, r in repaced]
     checked = [p for p in results["points"] if (p.get("checker") or {}).get("clean") is not None]
     if checked:
         lines += ["", "## History checker", "", "Every survivor holds the same parameters after each iteration, and "

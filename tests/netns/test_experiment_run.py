@@ -151,6 +151,7 @@ def test_the_smoke_experiment_writes_every_file(tmp_path, cleaned):
         assert meta["stats"]["numSeries"] > 0 and (block / "index").is_file()
     summary = (out / "summary.md").read_text()
     assert "status: **complete**" in summary and "link-degrade" in summary and "## Under faults" in summary
+    assert "## Re-pacing" in summary and "h0→sw 50Mbit, sw→h0 50Mbit" in summary
     for point in results["points"]:
         assert f"| {point['id']} | {point['algorithm']} |" in summary
 

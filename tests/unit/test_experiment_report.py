@@ -289,3 +289,17 @@ def test_the_summary_sets_a_degraded_links_iterations_beside_their_prediction(tm
     summary = (directory / "summary.md").read_text()
     assert "## Under faults" in summary
     assert "| 000-bcube-2-1-100mbit-1mib-ring | link-degrade h0-s0 to 50Mbit | 2–4 | 0.51 | 0.5 | 1.020 |" in summary
+
+
+def test_the_summary_says_when_a_points_agents_were_re_paced(tmp_path):
+    held = point(0, "ring", 0.5, 0.25)
+    held["repaced"] = [{"at": 1_800_000_000.25, "rates": {"h0→s0": 50e6, "s0→h0": 50e6}}, {"at": 1_800_000_002.0, "rates": {}}]
+    directory = write(tmp_path / "run", results([held, point(1, "mesh", 0.4, 0.4)]))
+    report.render(directory)
+    summary = (directory / "summary.md").read_text()
+    assert "## Re-pacing" in summary
+    assert "| 000-bcube-2-1-100mbit-1mib-ring | 08:00:00.250 | h0→s0 50Mbit, s0→h0 50Mbit |" in summary
+    assert "| 000-bcube-2-1-100mbit-1mib-ring | 08:00:02.000 | none |" in summary
+    plain = write(tmp_path / "plain", results([point(0, "ring", 0.5, 0.25)]))
+    report.render(plain)
+    assert "## Re-pacing" not in (plain / "summary.md").read_text()
