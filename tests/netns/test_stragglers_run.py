@@ -48,7 +48,10 @@ def test_a_slow_worker_costs_what_the_model_says(tmp_path):
     assert all(row[3] > 0.09 and max(row[:3]) < 0.04 for row in drawn)  # the slow one, every iteration
     for record in point["records"]:  # each worker waited out its own time (and not much more)
         asked = drawn[record["iteration"]][record["rank"]]
-        assert asked - 0.002 <= record["compute_s"] <= asked + 0.03, record
+        # the warm-up's compute also holds the agent's first gradient fill (its thread pool
+        # started, its buffer faulted in): 84 ms for 17 ms asked, once in a full suite here
+        slack = 0.03 if record["iteration"] >= experiment["warmup"] else 0.2
+        assert asked - 0.002 <= record["compute_s"] <= asked + slack, record
     parts = point["predicted"]["parts"]
     assert parts["skew"] > 0.07, parts  # about 100 ms of each synchronisation is waiting for the slow one
     print("predicted", point["predicted"]["seconds"], "measured", point["sync_s"]["fault_free_mean"],
