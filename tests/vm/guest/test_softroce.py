@@ -14,6 +14,7 @@ import platform
 import re
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -299,6 +300,72 @@ def test_a_cut_link_under_an_rdma_run_fails_it_naming_the_ranks_and_a_rerun_afte
     again = driver.run(eps, "ring", small, workloads.emulated(small), iterations=2, ctx=ctx, transport="rdma",
                        timeout=300)
     assert all(r["verified"] for r in again.records())
+
+
+def test_an_rdma_ring_started_under_a_degrade_is_repaced_when_it_is_undone(roce_agents, figure):
+    """Re-pacing over rdma (issue 28): the agent paces every queue pair itself (rxe has no
+    congestion control), so the pace is a hard floor on a send's time. A 4 MB ring over rdma
+    on bcube,2,1 starts while h01-l0s0 runs at 15 Mbit (the ring's h00 → h01 crosses
+    l0s0 → h01), and the degrade is undone once every agent is in iteration 1. Re-paced (a
+    lab's runs pass `links_now`), RunResult.repaced names the link back at its own rate and
+    the last iteration runs well under the degraded pace's floor; paced as the run started
+    (`links_now=None`), it stays at that floor after the undo. Both exact."""
+    from dataclasses import replace
+
+    from orchestrator.agent.pacing import SLACK
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import checker, driver, workloads
+    from orchestrator.control.endpoints import run_ids, until_iteration
+    from orchestrator.cost import Network
+    from orchestrator.deploy import lab_agents
+    from orchestrator.faults import Injector
+
+    lab, endpoints = roce_agents
+    by_node = {e.node: e for e in endpoints}
+    order = ["h00", "h01", "h11", "h10"]
+    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
+    tensors, iterations = [1_000_000], 4
+    network = Network.from_links(lab.spec.links, wire="roce")
+    # h00 sends 2 (n - 1) / n of the gradient to h01 in an iteration, paced at the slowed link
+    floor_s = 2 * 3 / 4 * 4 * sum(tensors) / (15e6 / 8 * network.efficiency * SLACK)
+    injector = Injector(lab)
+    last: dict[str, float] = {}
+    repaced: dict[str, list] = {}
+    for how, repace in (("re-paced", True), ("as started", False)):
+        applied = injector.inject("link-degrade", "h01-l0s0", {"rate": "15Mbit"})
+        ctx = Context(4, lab_agents.as_degraded(lab), tuple(order))  # paced at the slowed link from the start
+        previous, failures = run_ids(eps), []
+
+        def undo(applied=applied, previous=previous, failures=failures) -> None:
+            try:
+                until_iteration(eps, 1, previous, 300)
+            except BaseException as exc:  # seen by the test below
+                failures.append(exc)
+            finally:
+                injector.undo(applied.fault.id)
+
+        thread = threading.Thread(target=undo, daemon=True)
+        thread.start()
+        try:
+            result = driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=iterations, ctx=ctx,
+                                transport="rdma", network=network, flow_paths=lab_agents.flow_paths(lab, "rdma"),
+                                links_now=(lambda: lab_agents.as_degraded(lab)) if repace else None, timeout=600)
+        finally:
+            thread.join(300)
+        assert not failures, failures
+        records = result.records()
+        assert all(r["verified"] for r in records), (how, records)
+        assert checker.check_run(result).clean, how
+        last[how] = max(r["gst_s"] for r in records if r["iteration"] == iterations - 1)
+        repaced[how] = [change["rates"] for change in result.repaced]
+    assert lab.state.active_faults() == []
+    figure("rdma_repaced ring 4MB bcube,2,1, h01-l0s0 at 15 Mbit undone at iteration 1",
+           {"last_iteration_s": {how: round(s, 3) for how, s in last.items()}, "degraded_pace_floor_s": round(floor_s, 3),
+            "repaced": repaced["re-paced"]})
+    assert repaced["as started"] == [] and repaced["re-paced"], repaced
+    assert "l0s0→h01" not in repaced["re-paced"][-1], repaced  # the link at its own rate again
+    assert last["as started"] >= 0.9 * floor_s, (last, floor_s)  # the pace held: the floor is real
+    assert last["re-paced"] < 0.6 * floor_s, (last, floor_s)  # and the re-paced ring left it
 
 
 def data_nics(lab: Lab, server) -> list[tuple[int, str, str]]:
