@@ -297,8 +297,11 @@ $B sleep 30
 PROJECT = Path(__file__).resolve().parents[2]  # this checkout, wherever it lives
 
 
-def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus: int = 2) -> VmRun:
+def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus: int = 2,
+        disks: tuple[Path, ...] = ()) -> VmRun:
     """Boot, run `script` with sh in the guest (cwd /, the job directory at /job), power off.
+    `disks`: raw images the guest sees as /dev/vda, /dev/vdb…, its writes kept apart and
+    dropped at power-off (qemu's snapshot mode), so an image serves any number of boots.
 
     Whatever happens, qemu is gone when this returns: the timeout kills it, and it dies with
     this process if that is killed first.
@@ -316,6 +319,8 @@ def run(kernel: Kernel, script: str, timeout: float, memory_mb: int = 2048, cpus
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={job},mount_tag=job,security_model=none,multidevs=remap",
         ]
+        for disk in disks:
+            argv += ["-drive", f"file={disk},if=virtio,format=raw,snapshot=on"]
         started = time.monotonic()
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent

@@ -5,8 +5,9 @@ Two kernels, each booted once per session:
   labs, marking queues (RED, CoDel, FQ-CoDel) with dctcp under a mesh, and the refusal of
   soft-RoCE labs, since its rdma_rxe serves only the initial network namespace;
 - the stock kernel of TESTBED_VM_RDMA_SUITE (default trixie-backports, whose rdma_rxe is
-  per-namespace): soft-RoCE provisioning, RDMA exchanges across a lab's fabric, and ring and
-  HiPS over the agents' rdma transport.
+  per-namespace): soft-RoCE provisioning, RDMA exchanges across a lab's fabric, ring and
+  HiPS over the agents' rdma transport, and a lab of Docker servers over rdma (the guest runs
+  a Docker engine of its own on a disk image of this host's Docker state: docker_disk).
 Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
 it takes about two and a half minutes once the kernels are cached (the first run downloads
 ~100 MB per kernel).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +31,48 @@ TIMEOUT = float(os.environ.get("TESTBED_VM_TIMEOUT", "600"))
 RDMA_SUITE = os.environ.get("TESTBED_VM_RDMA_SUITE", "trixie-backports")
 
 
-def guest_pytest(*paths: str) -> str:
+def guest_pytest(*paths: str, env: dict[str, str] | None = None) -> str:
     """The script the guest runs: pytest on guest tests, with this checkout's venv."""
     # no hypothesis plugin: under emulation every import costs seconds
+    settings = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
     return (
-        f"cd {REPO} && TESTBED_VM_JOB=/job exec {sys.executable} -m pytest {' '.join(paths)} "
+        f"cd {REPO} && {settings}TESTBED_VM_JOB=/job exec {sys.executable} -m pytest {' '.join(paths)} "
         "-q -rs -p no:cacheprovider -p no:hypothesispytest\n"
     )
+
+
+def docker_disk() -> tuple[Path | None, str]:
+    """An ext4 image of this host's Docker state (its data root, copied by mkfs.ext4 -d), for
+    the guest's own Docker engine (tests/vm/guest/test_softroce.py): the guest boots with it
+    as a disk and finds testbed/server there, with no image to load (`docker load` of the
+    server image took 70-105 s under qemu's emulation; this copy takes ~16 s here). Kept in
+    the VM cache while the server image's id holds; (None, why) when there is no current
+    server image to give, or TESTBED_VM_DOCKER=0."""
+    from orchestrator.emulation import docker_engine, images
+
+    if os.environ.get("TESTBED_VM_DOCKER", "1") == "0":
+        return None, "TESTBED_VM_DOCKER=0"
+    try:
+        engine = docker_engine.client(start=False)
+        found = engine.images.get(images.SERVER)
+        root = Path(engine.info()["DockerRootDir"])
+    except Exception as exc:  # noqa: BLE001 - no engine, no image: the summary says why it was not run
+        return None, f"no {images.SERVER} image on this host ({type(exc).__name__}): the docker tier builds it"
+    if found.labels.get(images.RECIPE_LABEL) != images.server_recipe():  # the guest would build it, offline
+        return None, f"{images.SERVER} is older than this checkout: `testbed images build` makes it again"
+    path = qemu.CACHE / f"docker-{found.id.removeprefix('sha256:')[:12]}.ext4"
+    if not path.exists():
+        for stale in qemu.CACHE.glob("docker-*.ext4*"):
+            stale.unlink()
+        partial = path.with_name(path.name + ".part")
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(partial), "8G"],
+                              capture_output=True, text=True, timeout=600)
+        if made.returncode != 0:
+            partial.unlink(missing_ok=True)
+            return None, f"copying {root} into a disk image failed: {made.stderr.strip()[-300:]}"
+        partial.chmod(0o600)  # the host's images and containers' state
+        partial.rename(path)
+    return path, ""
 
 
 def figures(run: qemu.VmRun) -> dict:
@@ -43,12 +80,14 @@ def figures(run: qemu.VmRun) -> dict:
     return {item["name"]: item["value"] for item in map(json.loads, filter(None, lines))}
 
 
-def boot(summary: list[str], what: str, suite: str | None, *paths: str) -> qemu.VmRun:
+def boot(summary: list[str], what: str, suite: str | None, *paths: str, env: dict[str, str] | None = None,
+         memory_mb: int = 2048, disks: tuple[Path, ...] = ()) -> qemu.VmRun:
     try:
         kernel = qemu.prepare(suite=suite)
     except qemu.VmUnavailable as exc:
         pytest.skip(f"vm tier ({what}): {exc}")
-    run = qemu.run(kernel, guest_pytest(*paths), timeout=TIMEOUT)
+    run = qemu.run(kernel, guest_pytest(*paths, env=env), timeout=TIMEOUT, memory_mb=memory_mb,
+                   disks=disks)
     crashed = run.returncode is None and not run.timed_out
     if crashed:
         # The guest's kernel died under qemu's software emulation, before the guest's root was
@@ -57,7 +96,8 @@ def boot(summary: list[str], what: str, suite: str | None, *paths: str) -> qemu.
         # 'tsc' as unstable`): boot once more. A test that really kills the kernel does it
         # again and fails; the console of the first crash stays in the summary.
         first = run
-        run = qemu.run(kernel, guest_pytest(*paths), timeout=TIMEOUT)
+        run = qemu.run(kernel, guest_pytest(*paths, env=env), timeout=TIMEOUT, memory_mb=memory_mb,
+                   disks=disks)
     boot_s = f"{run.boot_seconds:.1f} s" if run.boot_seconds is not None else "never"
     summary.append(f"{what}: {kernel.package} — boot {boot_s}, VM total {run.seconds:.0f} s")
     if crashed:
@@ -88,10 +128,20 @@ def stock_run(vm_summary, vm_runs) -> qemu.VmRun:
 
 
 @pytest.fixture(scope="session")
-def rdma_run(vm_summary, vm_runs) -> qemu.VmRun:
+def docker_state() -> tuple[Path | None, str]:
+    return docker_disk()
+
+
+@pytest.fixture(scope="session")
+def rdma_run(vm_summary, vm_runs, docker_state) -> qemu.VmRun:
     if not RDMA_SUITE:
         pytest.skip("TESTBED_VM_RDMA_SUITE is empty: no kernel with per-namespace rdma_rxe to boot")
-    run = boot(vm_summary, f"{RDMA_SUITE} stock kernel", RDMA_SUITE, "tests/vm/guest/test_softroce.py")
+    disk, why = docker_state
+    if disk is None:
+        vm_summary.append(f"Docker servers on soft-RoCE not run: {why}")
+    run = boot(vm_summary, f"{RDMA_SUITE} stock kernel", RDMA_SUITE, "tests/vm/guest/test_softroce.py",
+               env={"TESTBED_VM_DOCKER_DISK": "/dev/vda"} if disk else None, memory_mb=3072 if disk else 2048,
+               disks=(disk,) if disk else ())
     vm_runs.append(run)
     return run
 
@@ -102,7 +152,7 @@ def test_guest_tests_pass_on_debian_12s_stock_kernel(stock_run):
         explain(stock_run)
 
 
-def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run):
+def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run, docker_state):
     assert rdma_run.returncode == 0, explain(rdma_run)
     exchanges = [name for name in figures(rdma_run) if name.startswith("rdma_ib_send_bw")]
     assert len(exchanges) == 2, explain(rdma_run)  # they ran, they were not skipped
@@ -111,6 +161,8 @@ def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run):
     assert "rdma_cut_link_detected_s" in figures(rdma_run), explain(rdma_run)  # stall naming over rdma
     assert any(name.startswith("rdma_repaced") for name in figures(rdma_run)), explain(rdma_run)  # re-pacing
     assert "rdma_survive_rejoin star,4" in figures(rdma_run), explain(rdma_run)  # a crash survived, then rejoined
+    if docker_state[0] is not None:  # Docker servers with rdma, where the host had the server image to give
+        assert any(name.startswith("rdma_docker") for name in figures(rdma_run)), explain(rdma_run)
 
 
 def test_vm_tier_leaves_nothing_on_the_host(vm_runs):

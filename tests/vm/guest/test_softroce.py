@@ -4,7 +4,8 @@ Where rdma_rxe serves only the initial network namespace (Linux 6.1 and 6.12: De
 kernels) a soft-RoCE lab must be refused, since no RoCE packet could pass between servers
 that each live in their own namespace. Where it is per-namespace, every data NIC of every
 server gets an ACTIVE rxe device, and servers exchange data with RDMA across the fabric —
-perftest's, and the agents' own rdma transport (ring and HiPS, bit-identical to tcp).
+perftest's, and the agents' own rdma transport (ring and HiPS, bit-identical to tcp), between
+namespaces and between Docker containers.
 """
 
 from __future__ import annotations
@@ -504,3 +505,78 @@ def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins
     assert report.clean and not report.lost and not report.duplicated and report.iterations == iterations, report
     figure("rdma_survive_rejoin star,4", {"history": [(e.first, list(e.nodes), e.reason) for e in result.history],
                                            "redeploy_s": round(deployed_s, 1)})
+
+
+# The disk holding a copy of the host's Docker state (tests/vm/test_vm_tier.py docker_disk:
+# testbed/server among its images); unset, the Docker soft-RoCE lab below is skipped.
+DOCKER_DISK = "TESTBED_VM_DOCKER_DISK"
+
+
+@pytest.fixture(scope="module")
+def guest_docker(rxe):
+    """A Docker engine of the guest's own, on the disk that holds a copy of the host's Docker
+    state (the guest's writes to it are dropped at power-off), with no bridge or iptables:
+    lab servers get `network_mode: none`. It runs until the VM powers off (the end-of-tier
+    check asks it for lab containers left). Returns the seconds it took to answer."""
+    import os
+    from pathlib import Path
+
+    if not rxe["rdma_rxe_netns"]:
+        pytest.skip(f"kernel {platform.release()}: rdma_rxe serves only the initial network namespace")
+    disk = os.environ.get(DOCKER_DISK)
+    if not disk:
+        pytest.skip(f"{DOCKER_DISK} is unset: the host gave the guest no Docker state (the vm tier's "
+                    "summary says why)")
+    assert os.environ.get("TESTBED_VM_GUEST") == "1", "a Docker engine of its own is started only inside the VM"
+    started = time.monotonic()
+    subprocess.run(["modprobe", "-a", "virtio_blk", "ext4"], capture_output=True)  # built in, on some kernels
+    while not Path(disk).exists():
+        assert time.monotonic() < started + 30, f"{disk} did not appear"
+        time.sleep(0.2)
+    subprocess.run(["mount", disk, "/var/lib/docker"], check=True)
+    with open("/tmp/dockerd.log", "w") as log:
+        dockerd = subprocess.Popen(["dockerd", "--data-root", "/var/lib/docker", "--iptables=false",
+                                    "--ip6tables=false", "--bridge=none"], stdout=log, stderr=subprocess.STDOUT)
+    while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        assert dockerd.poll() is None and time.monotonic() < started + 120, open("/tmp/dockerd.log").read()[-2000:]
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def test_docker_servers_allreduce_over_soft_roce(guest_docker, figure):
+    """Docker servers on soft-RoCE (issue 28): each container gets the host's RDMA devices
+    (/dev/infiniband, its device cgroup opened) and IPC_LOCK, its data NICs an rxe device each
+    in its own namespace, and the image's agent moves a ring's chunks over rdma with pyverbs:
+    exact sums, a clean checker, the bytes through the containers' rxe devices."""
+    from dataclasses import replace
+
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import checker, driver, workloads
+    from orchestrator.cost import Network
+    from orchestrator.deploy import deploy, lab_agents
+
+    started = time.monotonic()
+    lab = Lab.up(lab_from_argument("bcube,2,1", name="vmrocedk", rdma="softroce", **{"servers.runtime": "docker"}))
+    try:
+        up_s = time.monotonic() - started
+        deployment = deploy(lab, via="exec", timeout=300)
+        by_node = {e.node: e for e in deployment.endpoints}
+        order = ["h00", "h01", "h11", "h10"]  # neighbours one digit apart: symmetric paths
+        eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
+        ctx = Context(4, lab.topology, tuple(order))
+        tensors = [250_000]
+        before = rxe_sent_packets(lab, "h00")
+        result = driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=3, ctx=ctx,
+                            transport="rdma", network=Network.from_links(lab.spec.links, wire="roce"),
+                            flow_paths=lab_agents.flow_paths(lab, "rdma"), timeout=600)
+        sent = rxe_sent_packets(lab, "h00") - before
+        records = result.records()
+        assert all(r["verified"] for r in records), records
+        assert checker.check_run(result).clean
+        # h00 sent its share of each allreduce (3/4 of the gradient, twice) through rxe
+        assert sent >= 3 * 2 * 3 * 4 * sum(tensors) // 4 // 1024, sent
+        figure("rdma_docker ring bcube,2,1 1 MB", {
+            "engine_up_s": round(guest_docker, 1), "lab_up_s": round(up_s, 1), "rxe_sent_packets_h00": sent,
+            "s_per_iteration": round(sum(r["gst_s"] for r in records if r["rank"] == 0) / 3, 3)})
+    finally:
+        cleanup.clean_lab(lab.name)
