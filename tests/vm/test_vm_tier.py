@@ -160,6 +160,7 @@ def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run, docker_state
     assert len(agents) == 2, explain(rdma_run)  # ring and HiPS over the agents' rdma transport
     assert "rdma_cut_link_detected_s" in figures(rdma_run), explain(rdma_run)  # stall naming over rdma
     assert any(name.startswith("rdma_repaced") for name in figures(rdma_run)), explain(rdma_run)  # re-pacing
+    assert any(name.startswith("rdma_every_algorithm") for name in figures(rdma_run)), explain(rdma_run)
     assert "rdma_survive_rejoin star,4" in figures(rdma_run), explain(rdma_run)  # a crash survived, then rejoined
     if docker_state[0] is not None:  # Docker servers with rdma, where the host had the server image to give
         assert any(name.startswith("rdma_docker") for name in figures(rdma_run)), explain(rdma_run)

@@ -433,7 +433,53 @@ def test_neighbour_changes_in_another_lab_leave_an_rdma_runs_queue_pairs_alone(r
     assert checker.check_run(result).clean
 
 
-def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins(roce_lab, figure):
+@pytest.fixture(scope="module")
+def star_agents(roce_lab):
+    """star,4 over soft-RoCE (every pair one switch apart, as RoCE's symmetric paths need) with
+    an agent on each server; the crash test below restarts h2's, and leaves all four running."""
+    from orchestrator.deploy import deploy
+
+    lab = roce_lab("star,4")
+    return lab, deploy(lab, via="exec", timeout=240).endpoints
+
+
+STAR_OPTIONS = {"ps": {"colocated": True}, "hierarchical": {"group": 2}}
+
+
+def test_every_algorithm_that_runs_on_a_star_is_exact_over_rdma(star_agents, figure):
+    """Every built-in algorithm a star carries, over the rdma transport on star,4: exact sums
+    and the run predicted. HiPS and the ring also run on bcube,2,1 above; BML and HDRM run only
+    on BCube and BiGraph, whose pairs more than one switch apart take asymmetric paths, which
+    an rxe queue pair does not survive."""
+    from orchestrator.collectives import registry
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import driver, workloads
+    from orchestrator.cost import Network
+    from orchestrator.deploy import lab_agents
+
+    lab, eps = star_agents
+    nodes = tuple(e.node for e in eps)
+    tensors = [3_000, 7_001]  # odd sizes: ranges that do not split evenly
+    seconds = {}
+    for algorithm in sorted(registry.ALGORITHMS):
+        ctx = Context(4, lab.topology, nodes, STAR_OPTIONS.get(algorithm, {}))
+        try:
+            registry.builder(algorithm)(ctx, 10)
+        except (ValueError, TypeError):
+            continue  # not on a star (BML, HDRM, HiPS)
+        started = time.monotonic()
+        result = driver.run(eps, algorithm, tensors, workloads.emulated(tensors), iterations=2, ctx=ctx,
+                            transport="rdma", network=Network.from_links(lab.spec.links, wire="roce"),
+                            flow_paths=lab_agents.flow_paths(lab, "rdma"), timeout=300)
+        records = result.records()
+        assert len(records) == 2 * 4 and all(r["verified"] for r in records), (algorithm, records)
+        assert result.predicted is not None, algorithm
+        seconds[algorithm] = round(time.monotonic() - started, 1)
+    assert len(seconds) == 8, seconds
+    figure("rdma_every_algorithm star,4 (s per run of 2)", seconds)
+
+
+def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins(star_agents, figure):
     """Survive and rejoin over rdma (star,4: every pair one switch apart, as RoCE needs): h2
     crashes mid-run, the ring re-forms over the survivors' new queue pairs; h2 is restarted and
     its agent deployed again, and it rejoins at an iteration boundary over new queue pairs of
@@ -451,8 +497,7 @@ def test_a_crashed_server_under_an_rdma_ring_is_dropped_and_restarted_it_rejoins
     from orchestrator.deploy import deploy
     from orchestrator.faults import Injector
 
-    lab = roce_lab("star,4")
-    eps = deploy(lab, via="exec", timeout=240).endpoints
+    lab, eps = star_agents
     # enough iterations that the survivors are still running when h2's agent is back: its
     # deploy under qemu's software emulation took 7 s in one run (rejoined at iteration 30 of
     # 40) and outlasted the 40 in another (the run ended without it)
