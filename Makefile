@@ -13,7 +13,7 @@ test:
 test-unit:
 	./setup.sh test tests/unit -q
 
-# The vm tier alone (`make test` runs it too): Debian kernels under qemu, ~2 min once cached,
+# The vm tier alone (`make test` runs it too): Debian kernels under qemu, ~8 min once cached,
 # each of its two boots bounded by TESTBED_VM_TIMEOUT seconds (default 600).
 test-vm:
 	./setup.sh test tests/vm

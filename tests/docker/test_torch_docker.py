@@ -32,7 +32,7 @@ def test_gloo_in_containers_beside_our_ring(tmp_path):
     assert computes[0] >= 0.02, computes  # each waited out its compute,
     # and the time outside the collective is the compute: one stall in a container held to half
     # a core (more than 0.2 s, once in CI) moves a single record, not the median
-    assert computes[len(computes) // 2] < 0.04, computes
+    assert computes[len(computes) // 2] < 0.06, computes  # 0.021-0.024 s here
     print("gloo in containers, measured/predicted", theirs["ratio"], "ours", ours["ratio"],
           "compute_s", [round(r["compute_s"], 3) for r in theirs["records"]])
     assert 0.85 <= theirs["ratio"] <= 1.25, theirs["ratio"]

@@ -9,7 +9,7 @@ Two kernels, each booted once per session:
   HiPS over the agents' rdma transport, and a lab of Docker servers over rdma (the guest runs
   a Docker engine of its own on a disk image of this host's Docker state: docker_disk).
 Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
-it takes about two and a half minutes once the kernels are cached (the first run downloads
+it takes about eight minutes once the kernels are cached (the first run downloads
 ~100 MB per kernel).
 """
 
@@ -41,37 +41,59 @@ def guest_pytest(*paths: str, env: dict[str, str] | None = None) -> str:
     )
 
 
+DOCKER_DISKS = "docker"  # under the VM cache, readable by root alone: the host's images and containers' state
+
+
 def docker_disk() -> tuple[Path | None, str]:
     """An ext4 image of this host's Docker state (its data root, copied by mkfs.ext4 -d), for
     the guest's own Docker engine (tests/vm/guest/test_softroce.py): the guest boots with it
     as a disk and finds testbed/server there, with no image to load (`docker load` of the
-    server image took 70-105 s under qemu's emulation; this copy takes ~16 s here). Kept in
-    the VM cache while the server image's id holds; (None, why) when there is no current
-    server image to give, or TESTBED_VM_DOCKER=0."""
+    server image took 70-105 s under qemu's emulation; this copy took 9-16 s here). The guest
+    clears the containers and networks it copied before its engine starts. Kept in the VM
+    cache while the server image's id holds; (None, why) when there is no current server
+    image to give, or TESTBED_VM_DOCKER=0."""
+    from docker.errors import ImageNotFound
+
     from orchestrator.emulation import docker_engine, images
 
     if os.environ.get("TESTBED_VM_DOCKER", "1") == "0":
         return None, "TESTBED_VM_DOCKER=0"
     try:
         engine = docker_engine.client(start=False)
-        found = engine.images.get(images.SERVER)
-        root = Path(engine.info()["DockerRootDir"])
-    except Exception as exc:  # noqa: BLE001 - no engine, no image: the summary says why it was not run
-        return None, f"no {images.SERVER} image on this host ({type(exc).__name__}): the docker tier builds it"
-    if found.labels.get(images.RECIPE_LABEL) != images.server_recipe():  # the guest would build it, offline
-        return None, f"{images.SERVER} is older than this checkout: `testbed images build` makes it again"
-    path = qemu.CACHE / f"docker-{found.id.removeprefix('sha256:')[:12]}.ext4"
-    if not path.exists():
-        for stale in qemu.CACHE.glob("docker-*.ext4*"):
-            stale.unlink()
-        partial = path.with_name(path.name + ".part")
-        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(partial), "8G"],
+        found = {name: engine.images.get(name) for name in (images.BASE, images.SERVER)}
+        info = engine.info()
+    except ImageNotFound as exc:
+        return None, f"{exc.explanation or exc}: the docker tier builds the images"
+    except Exception as exc:  # noqa: BLE001 - no engine (HostError, the SDK's): the summary says why it was not run
+        return None, f"the Docker engine: {exc}"
+    recipes = {images.BASE: images.base_recipe(), images.SERVER: images.server_recipe()}
+    for name, image in found.items():  # else the guest would build it, offline
+        if image.labels.get(images.RECIPE_LABEL) != recipes[name]:
+            return None, f"{name} is older than this checkout: `testbed images build` makes it again"
+    if info.get("Driver") != "overlay2":
+        return None, f"this host's Docker stores images with {info.get('Driver')!r}, not overlay2 as the guest's engine"
+    root = Path(info["DockerRootDir"])
+    folder = qemu.CACHE / DOCKER_DISKS
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / f"{found[images.SERVER].id.removeprefix('sha256:')[:12]}.ext4"
+    if path.exists():
+        return path, ""
+    for stale in folder.iterdir():
+        stale.unlink()
+    partial = path.with_name(path.name + ".part")
+    used = int(subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True).stdout.split()[0] or 0)
+    size = f"{(2 * used >> 30) + 2}G"  # room for the copy's metadata; sparse, so it costs what it holds
+    try:
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(partial), size],
                               capture_output=True, text=True, timeout=600)
-        if made.returncode != 0:
-            partial.unlink(missing_ok=True)
-            return None, f"copying {root} into a disk image failed: {made.stderr.strip()[-300:]}"
-        partial.chmod(0o600)  # the host's images and containers' state
-        partial.rename(path)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        partial.unlink(missing_ok=True)
+        return None, f"copying {root} into a disk image: {exc}"
+    if made.returncode != 0:
+        partial.unlink(missing_ok=True)
+        return None, f"copying {root} into a disk image failed: {made.stderr.strip()[-300:]}"
+    partial.rename(path)
     return path, ""
 
 
@@ -128,15 +150,21 @@ def stock_run(vm_summary, vm_runs) -> qemu.VmRun:
 
 
 @pytest.fixture(scope="session")
-def docker_state() -> tuple[Path | None, str]:
-    return docker_disk()
+def docker_state() -> dict:
+    """What rdma_run gave the guest for its Docker servers: {"disk": path or None, "why": …}."""
+    return {}
 
 
 @pytest.fixture(scope="session")
 def rdma_run(vm_summary, vm_runs, docker_state) -> qemu.VmRun:
     if not RDMA_SUITE:
         pytest.skip("TESTBED_VM_RDMA_SUITE is empty: no kernel with per-namespace rdma_rxe to boot")
-    disk, why = docker_state
+    try:
+        qemu.prepare(suite=RDMA_SUITE)  # before copying Docker's state for a VM that cannot boot (cached)
+    except qemu.VmUnavailable as exc:
+        pytest.skip(f"vm tier ({RDMA_SUITE} stock kernel): {exc}")
+    disk, why = docker_disk()
+    docker_state.update(disk=disk, why=why)
     if disk is None:
         vm_summary.append(f"Docker servers on soft-RoCE not run: {why}")
     run = boot(vm_summary, f"{RDMA_SUITE} stock kernel", RDMA_SUITE, "tests/vm/guest/test_softroce.py",
@@ -162,7 +190,7 @@ def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run, docker_state
     assert any(name.startswith("rdma_repaced") for name in figures(rdma_run)), explain(rdma_run)  # re-pacing
     assert any(name.startswith("rdma_every_algorithm") for name in figures(rdma_run)), explain(rdma_run)
     assert "rdma_survive_rejoin star,4" in figures(rdma_run), explain(rdma_run)  # a crash survived, then rejoined
-    if docker_state[0] is not None:  # Docker servers with rdma, where the host had the server image to give
+    if docker_state.get("disk") is not None:  # Docker servers with rdma, where the host had the server image to give
         assert any(name.startswith("rdma_docker") for name in figures(rdma_run)), explain(rdma_run)
 
 

@@ -366,7 +366,9 @@ def test_an_rdma_ring_started_under_a_degrade_is_repaced_when_it_is_undone(roce_
     assert repaced["as started"] == [] and repaced["re-paced"], repaced
     assert "l0s0→h01" not in repaced["re-paced"][-1], repaced  # the link at its own rate again
     assert last["as started"] >= 0.9 * floor_s, (last, floor_s)  # the pace held: the floor is real
-    assert last["re-paced"] < 0.6 * floor_s, (last, floor_s)  # and the re-paced ring left it
+    # and the re-paced ring left it: 0.76-1.21 s here, under qemu's emulation (a run still
+    # paced at the slowed link's share cannot go under about 0.96 of the floor)
+    assert last["re-paced"] < 0.75 * floor_s, (last, floor_s)
 
 
 def data_nics(lab: Lab, server) -> list[tuple[int, str, str]]:
@@ -446,10 +448,10 @@ def star_agents(roce_lab):
 STAR_OPTIONS = {"ps": {"colocated": True}, "hierarchical": {"group": 2}}
 
 
-def test_bml_is_exact_over_rdma_on_bcube(roce_agents, figure):
-    """BML over rdma on bcube,2,1: exact sums, the run predicted."""
+def test_bml_is_exact_over_rdma_on_bcube(roce_agents):
+    """BML over rdma on bcube,2,1: exact sums, a clean checker, the run predicted."""
     from orchestrator.collectives.context import Context
-    from orchestrator.control import driver, workloads
+    from orchestrator.control import checker, driver, workloads
     from orchestrator.cost import Network
     from orchestrator.deploy import lab_agents
 
@@ -460,6 +462,7 @@ def test_bml_is_exact_over_rdma_on_bcube(roce_agents, figure):
                         network=Network.from_links(lab.spec.links, wire="roce"),
                         flow_paths=lab_agents.flow_paths(lab, "rdma"), timeout=300)
     assert all(r["verified"] for r in result.records()), result.records()
+    assert result.predicted is not None and checker.check_run(result).clean
 
 
 def test_every_algorithm_that_runs_on_a_star_is_exact_over_rdma(star_agents, figure):
@@ -480,7 +483,7 @@ def test_every_algorithm_that_runs_on_a_star_is_exact_over_rdma(star_agents, fig
         ctx = Context(4, lab.topology, nodes, STAR_OPTIONS.get(algorithm, {}))
         try:
             registry.builder(algorithm)(ctx, 10)
-        except (ValueError, TypeError):
+        except ValueError:
             continue  # not on a star (BML, HDRM, HiPS)
         started = time.monotonic()
         result = driver.run(eps, algorithm, tensors, workloads.emulated(tensors), iterations=2, ctx=ctx,
@@ -490,7 +493,7 @@ def test_every_algorithm_that_runs_on_a_star_is_exact_over_rdma(star_agents, fig
         assert len(records) == 2 * 4 and all(r["verified"] for r in records), (algorithm, records)
         assert result.predicted is not None, algorithm
         seconds[algorithm] = round(time.monotonic() - started, 1)
-    assert len(seconds) == 8, seconds
+    assert len(seconds) == len(registry.ALGORITHMS) - 3, seconds  # all but BML, HDRM and HiPS
     figure("rdma_every_algorithm star,4 (s per run of 2)", seconds)
 
 
@@ -587,17 +590,29 @@ def guest_docker(rxe):
     if not disk:
         pytest.skip(f"{DOCKER_DISK} is unset: the host gave the guest no Docker state (the vm tier's "
                     "summary says why)")
-    assert os.environ.get("TESTBED_VM_GUEST") == "1", "a Docker engine of its own is started only inside the VM"
+    # never on a host: the VM's stage 2 sets both (tests/vm/qemu.py)
+    assert os.environ.get("TESTBED_VM_GUEST") == "1" and Path("/run/testbed-vm").is_dir(), \
+        "a Docker engine of its own is started only inside the VM"
     started = time.monotonic()
     subprocess.run(["modprobe", "-a", "virtio_blk", "ext4"], capture_output=True)  # built in, on some kernels
     while not Path(disk).exists():
         assert time.monotonic() < started + 30, f"{disk} did not appear"
         time.sleep(0.2)
-    subprocess.run(["mount", disk, "/var/lib/docker"], check=True)
+    root = Path("/var/lib/docker")
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", disk, str(root)], check=True)
+    # the host's containers and networks came with the copy: not the guest's to bring back
+    # (the disk's writes are dropped at power-off)
+    for copied in [root / "network", *root.glob("containers/*"), *root.glob("image/*/layerdb/mounts/*")]:
+        subprocess.run(["rm", "-rf", str(copied)], check=True)
+    config = Path("/tmp/guest-daemon.json")  # not the host's /etc/docker/daemon.json
+    config.write_text("{}")
+    environment = {**os.environ, "DOCKER_HOST": "unix:///var/run/docker.sock"}  # not the host's docker context
     with open("/tmp/dockerd.log", "w") as log:
-        dockerd = subprocess.Popen(["dockerd", "--data-root", "/var/lib/docker", "--iptables=false",
-                                    "--ip6tables=false", "--bridge=none"], stdout=log, stderr=subprocess.STDOUT)
-    while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        dockerd = subprocess.Popen(["dockerd", "--config-file", str(config), "--data-root", str(root),
+                                    "--iptables=false", "--ip6tables=false", "--bridge=none"],
+                                   stdout=log, stderr=subprocess.STDOUT)
+    while subprocess.run(["docker", "info"], capture_output=True, env=environment).returncode != 0:
         assert dockerd.poll() is None and time.monotonic() < started + 120, open("/tmp/dockerd.log").read()[-2000:]
         time.sleep(0.5)
     return time.monotonic() - started
