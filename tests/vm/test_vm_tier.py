@@ -82,7 +82,8 @@ def docker_disk() -> tuple[Path | None, str]:
     for stale in folder.iterdir():
         stale.unlink()
     partial = path.with_name(path.name + ".part")
-    used = int(subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True).stdout.split()[0] or 0)
+    listed = subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True).stdout.split()
+    used = int(listed[0]) if listed else 0
     size = f"{(2 * used >> 30) + 2}G"  # room for the copy's metadata; sparse, so it costs what it holds
     try:
         made = subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(partial), size],
@@ -108,8 +109,8 @@ def boot(summary: list[str], what: str, suite: str | None, *paths: str, env: dic
         kernel = qemu.prepare(suite=suite)
     except qemu.VmUnavailable as exc:
         pytest.skip(f"vm tier ({what}): {exc}")
-    run = qemu.run(kernel, guest_pytest(*paths, env=env), timeout=TIMEOUT, memory_mb=memory_mb,
-                   disks=disks)
+    script = guest_pytest(*paths, env=env)
+    run = qemu.run(kernel, script, timeout=TIMEOUT, memory_mb=memory_mb, disks=disks)
     crashed = run.returncode is None and not run.timed_out
     if crashed:
         # The guest's kernel died under qemu's software emulation, before the guest's root was
@@ -118,8 +119,7 @@ def boot(summary: list[str], what: str, suite: str | None, *paths: str, env: dic
         # 'tsc' as unstable`): boot once more. A test that really kills the kernel does it
         # again and fails; the console of the first crash stays in the summary.
         first = run
-        run = qemu.run(kernel, guest_pytest(*paths, env=env), timeout=TIMEOUT, memory_mb=memory_mb,
-                   disks=disks)
+        run = qemu.run(kernel, script, timeout=TIMEOUT, memory_mb=memory_mb, disks=disks)
     boot_s = f"{run.boot_seconds:.1f} s" if run.boot_seconds is not None else "never"
     summary.append(f"{what}: {kernel.package} — boot {boot_s}, VM total {run.seconds:.0f} s")
     if crashed:

@@ -178,6 +178,20 @@ def rxe_sent_packets(lab: Lab, server: str) -> int:
     return sum(int(port.get("sent_pkts", 0)) for port in json.loads(out or "[]"))
 
 
+# bcube,2,1's servers as a ring whose neighbours are one digit apart: their paths are
+# symmetric, which an rxe queue pair needs (see above); HiPS only ever pairs servers of one
+# BCube group
+RING_ORDER = ("h00", "h01", "h11", "h10")
+
+
+def in_ring_order(endpoints) -> list:
+    """bcube,2,1's agents as workers ranked along RING_ORDER."""
+    from dataclasses import replace
+
+    by_node = {e.node: e for e in endpoints}
+    return [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(RING_ORDER)]
+
+
 @pytest.fixture(scope="module")
 def roce_agents(roce_lab):
     """bcube,2,1 over soft-RoCE with an agent on each server, started directly (Ansible is
@@ -194,20 +208,14 @@ def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, al
     """Ring and HiPS over the rdma transport on bcube,2,1: exact sums, a clean checker, the
     digits model's parameters bit-identical to the same run over tcp, and the bytes carried by
     the rxe devices (their packet counters grow by at least the gradient's MTU-sized packets)."""
-    from dataclasses import replace
-
     from orchestrator.collectives.context import Context
     from orchestrator.control import checker, driver, workloads
     from orchestrator.cost import Network
     from orchestrator.deploy import lab_agents
 
     lab, endpoints = roce_agents
-    by_node = {e.node: e for e in endpoints}
-    # a ring whose neighbours are one digit apart: their paths are symmetric, which an rxe
-    # queue pair needs (see above); HiPS only ever pairs servers of one BCube group
-    order = ["h00", "h01", "h11", "h10"]
-    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
-    ctx = Context(4, lab.topology, tuple(order))
+    eps = in_ring_order(endpoints)
+    ctx = Context(4, lab.topology, RING_ORDER)
     specs = [workloads.digits(4, rank) for rank in range(4)]
     tensors = specs[0]["tensors"]
     digests, seconds = {}, {}
@@ -252,18 +260,14 @@ def test_a_cut_link_under_an_rdma_run_fails_it_naming_the_ranks_and_a_rerun_afte
     or the driver's stall detection fires first), and once healed a run over rdma is exact."""
     import threading
     import time
-    from dataclasses import replace
-
     from orchestrator.collectives.context import Context
     from orchestrator.control import driver, workloads
     from orchestrator.cost import Network
     from orchestrator.faults import Injector
 
     lab, endpoints = roce_agents
-    by_node = {e.node: e for e in endpoints}
-    order = ["h00", "h01", "h11", "h10"]
-    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
-    ctx = Context(4, lab.topology, tuple(order))
+    eps = in_ring_order(endpoints)
+    ctx = Context(4, lab.topology, RING_ORDER)
     tensors = [1_000_000]
     outcome: dict = {}
 
@@ -311,8 +315,7 @@ def test_an_rdma_ring_started_under_a_degrade_is_repaced_when_it_is_undone(roce_
     lab's runs pass `links_now`), RunResult.repaced names the link back at its own rate and
     the last iteration runs well under the degraded pace's floor; paced as the run started
     (`links_now=None`), it stays at that floor after the undo. Both exact."""
-    from dataclasses import replace
-
+    from orchestrator import units
     from orchestrator.agent.pacing import SLACK
     from orchestrator.collectives.context import Context
     from orchestrator.control import checker, driver, workloads
@@ -322,19 +325,17 @@ def test_an_rdma_ring_started_under_a_degrade_is_repaced_when_it_is_undone(roce_
     from orchestrator.faults import Injector
 
     lab, endpoints = roce_agents
-    by_node = {e.node: e for e in endpoints}
-    order = ["h00", "h01", "h11", "h10"]
-    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
-    tensors, iterations = [1_000_000], 4
+    eps = in_ring_order(endpoints)
+    tensors, iterations, slowed = [1_000_000], 4, "15Mbit"
     network = Network.from_links(lab.spec.links, wire="roce")
     # h00 sends 2 (n - 1) / n of the gradient to h01 in an iteration, paced at the slowed link
-    floor_s = 2 * 3 / 4 * 4 * sum(tensors) / (15e6 / 8 * network.efficiency * SLACK)
+    floor_s = 2 * 3 / 4 * 4 * sum(tensors) / (units.parse_rate(slowed) / 8 * network.efficiency * SLACK)
     injector = Injector(lab)
     last: dict[str, float] = {}
     repaced: dict[str, list] = {}
     for how, repace in (("re-paced", True), ("as started", False)):
-        applied = injector.inject("link-degrade", "h01-l0s0", {"rate": "15Mbit"})
-        ctx = Context(4, lab_agents.as_degraded(lab), tuple(order))  # paced at the slowed link from the start
+        applied = injector.inject("link-degrade", "h01-l0s0", {"rate": slowed})
+        ctx = Context(4, lab_agents.as_degraded(lab), RING_ORDER)  # paced at the slowed link from the start
         previous, failures = run_ids(eps), []
 
         def undo(applied=applied, previous=previous, failures=failures) -> None:
@@ -388,8 +389,6 @@ def test_neighbour_changes_in_another_lab_leave_an_rdma_runs_queue_pairs_alone(r
     again and again, neighbour entries that collide with the ring's (same interface index, same
     address, another MAC) while a ring over rdma runs on bcube,2,1: it finishes exact."""
     import threading
-    from dataclasses import replace
-
     from orchestrator.collectives.context import Context
     from orchestrator.control import checker, driver, workloads
     from orchestrator.cost import Network
@@ -416,10 +415,8 @@ def test_neighbour_changes_in_another_lab_leave_an_rdma_runs_queue_pairs_alone(r
                 other.exec(node, command + " 2>/dev/null; true", timeout=30)
             rounds[0] += 1
 
-    by_node = {e.node: e for e in endpoints}
-    order = ["h00", "h01", "h11", "h10"]
-    eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
-    ctx = Context(4, lab.topology, tuple(order))
+    eps = in_ring_order(endpoints)
+    ctx = Context(4, lab.topology, RING_ORDER)
     tensors = [250_000]
     churner = threading.Thread(target=keep_churning, daemon=True)
     churner.start()
@@ -623,8 +620,6 @@ def test_docker_servers_allreduce_over_soft_roce(guest_docker, figure):
     (/dev/infiniband, its device cgroup opened) and IPC_LOCK, its data NICs an rxe device each
     in its own namespace, and the image's agent moves a ring's chunks over rdma with pyverbs:
     exact sums, a clean checker, the bytes through the containers' rxe devices."""
-    from dataclasses import replace
-
     from orchestrator.collectives.context import Context
     from orchestrator.control import checker, driver, workloads
     from orchestrator.cost import Network
@@ -635,10 +630,8 @@ def test_docker_servers_allreduce_over_soft_roce(guest_docker, figure):
     try:
         up_s = time.monotonic() - started
         deployment = deploy(lab, via="exec", timeout=300)
-        by_node = {e.node: e for e in deployment.endpoints}
-        order = ["h00", "h01", "h11", "h10"]  # neighbours one digit apart: symmetric paths
-        eps = [replace(by_node[node], rank=rank, role="worker") for rank, node in enumerate(order)]
-        ctx = Context(4, lab.topology, tuple(order))
+        eps = in_ring_order(deployment.endpoints)
+        ctx = Context(4, lab.topology, RING_ORDER)
         tensors = [250_000]
         before = rxe_sent_packets(lab, "h00")
         result = driver.run(eps, "ring", tensors, workloads.emulated(tensors), iterations=3, ctx=ctx,
