@@ -462,10 +462,38 @@ def test_bml_is_exact_over_rdma_on_bcube(roce_agents):
     assert result.predicted is not None and checker.check_run(result).clean
 
 
+def test_hdrm_is_exact_over_rdma_on_bigraph(roce_lab, figure):
+    """HDRM, which runs only on BiGraph, over rdma on bigraph,2,2 (one path between any two
+    servers, as RoCE's symmetric paths need): exact sums on odd sizes, a clean checker, the run
+    predicted, and the bytes carried by an rxe device."""
+    from orchestrator.collectives.context import Context
+    from orchestrator.control import checker, driver, workloads
+    from orchestrator.cost import Network
+    from orchestrator.deploy import deploy, lab_agents
+
+    lab = roce_lab("bigraph,2,2")
+    eps = deploy(lab, via="exec", timeout=240).endpoints
+    ctx = Context(4, lab.topology, tuple(e.node for e in eps))
+    tensors = [3_000, 70_001]
+    first = eps[0].node
+    before = rxe_sent_packets(lab, first)
+    started = time.monotonic()
+    result = driver.run(eps, "hdrm", tensors, workloads.emulated(tensors), iterations=2, ctx=ctx, transport="rdma",
+                        network=Network.from_links(lab.spec.links, wire="roce"),
+                        flow_paths=lab_agents.flow_paths(lab, "rdma"), timeout=300)
+    records = result.records()
+    assert len(records) == 2 * 4 and all(r["verified"] for r in records), records
+    assert result.predicted is not None and checker.check_run(result).clean
+    sent = rxe_sent_packets(lab, first) - before
+    # in an allreduce every rank sends each element at least once an iteration (its part or a
+    # sum), here in RoCE packets of at most 1024 bytes of float32s
+    assert sent >= 2 * sum(tensors) * 4 // 1024, sent
+    figure("rdma_hdrm bigraph,2,2", {"seconds": round(time.monotonic() - started, 1), "rxe_packets": sent})
+
+
 def test_every_algorithm_that_runs_on_a_star_is_exact_over_rdma(star_agents, figure):
     """Every built-in algorithm a star carries, over the rdma transport on star,4: exact sums
-    and the run predicted. HiPS, BML and the ring run on bcube,2,1 above; HDRM, which runs only
-    on BiGraph, is not run over rdma (that lab would add minutes under emulation)."""
+    and the run predicted. HiPS, BML and the ring run on bcube,2,1, and HDRM on bigraph,2,2, above."""
     from orchestrator.collectives import registry
     from orchestrator.collectives.context import Context
     from orchestrator.control import driver, workloads
