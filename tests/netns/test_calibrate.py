@@ -1,5 +1,6 @@
 """`testbed calibrate` for real: a star,4 netns lab, iperf3 and the agents' ring measured,
-the result kept where `predict` reads it (this test's own state directory)."""
+the result kept where `predict` reads it (this test's own state directory); then an
+experiment with `links.bandwidth: auto` run on a lab at the rate that calibration picks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+
+from orchestrator.units import parse_rate
 
 
 def _testbed(*args: str, state) -> subprocess.CompletedProcess:
@@ -35,3 +38,22 @@ def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_ne
                                  state=tmp_path).stdout)["cpu"]
     assert faster["cores"] > 5 * cpu["cores"]
     assert abs(faster["max_rate_bit_s"] / cpu["max_rate_bit_s"] - 1) < 0.05
+
+    # `links.bandwidth: auto` on a lab: the run picks the highest rate the calibration says
+    # this machine carries, says so, and the lab's links carry that rate (a ring's busbw is
+    # bounded by it, and shaped far below it the bound would be far from met)
+    experiment = tmp_path / "auto.yaml"
+    experiment.write_text("name: auto\nlab: {name: ex-auto, topology: {kind: star, servers: 4}, links: {bandwidth: auto}, "
+                          "servers: {runtime: netns}}\niterations: 4\nwarmup: 1\n"
+                          "agents: {via: nsenter, algorithms: [ring], workload: {kind: back-to-back, size: 16MB}}\n")
+    run = _testbed("run", str(experiment), "--out", str(tmp_path / "out"), state=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "links.bandwidth: auto →" in run.stderr
+    point, = json.loads((tmp_path / "out" / "results.json").read_text())["points"]
+    rate = parse_rate(point["link_rate"])
+    busbw = point["busbw_bytes_per_s"] * 8
+    print(f"bandwidth auto: {point['link_rate']}, ring busbw {busbw / 1e6:.0f} Mbit/s, ratio {point['ratio']:.3f}, "
+          f"verdict {point['fidelity']['verdict']}, CPU idle {point['fidelity'].get('cpu_idle_share')}")
+    assert point["status"] == "done" and point["verified"]
+    assert 10e6 < rate <= 100e9
+    assert 0.5 * rate < busbw <= 1.0 * rate
