@@ -178,6 +178,24 @@ def rxe_sent_packets(lab: Lab, server: str) -> int:
     return sum(int(port.get("sent_pkts", 0)) for port in json.loads(out or "[]"))
 
 
+def bytes_sent_by_nic(lab: Lab, server: str) -> dict[str, float]:
+    """The server's agent's testbed_bytes_sent_total, summed per `nic` label (its /metrics)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from orchestrator.deploy import lab_agents
+
+    url = f"http://{lab.mgmt_address(server)}:{lab_agents.METRICS_PORT}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    sent: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "testbed_bytes_sent_total":
+                sent[sample.labels["nic"]] = sent.get(sample.labels["nic"], 0.0) + sample.value
+    return sent
+
+
 # bcube,2,1's servers as a ring whose neighbours are one digit apart: their paths are
 # symmetric, which an rxe queue pair needs (see above); HiPS only ever pairs servers of one
 # BCube group
@@ -206,8 +224,9 @@ def roce_agents(roce_lab):
 @pytest.mark.parametrize("algorithm", ["ring", "hips"])
 def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, algorithm):
     """Ring and HiPS over the rdma transport on bcube,2,1: exact sums, a clean checker, the
-    digits model's parameters bit-identical to the same run over tcp, and the bytes carried by
-    the rxe devices (their packet counters grow by at least the gradient's MTU-sized packets)."""
+    digits model's parameters bit-identical to the same run over tcp, the bytes carried by the
+    rxe devices (their packet counters grow by at least the gradient's MTU-sized packets), and
+    the agent's bytes per NIC the same as over tcp."""
     from orchestrator.collectives.context import Context
     from orchestrator.control import checker, driver, workloads
     from orchestrator.cost import Network
@@ -218,9 +237,9 @@ def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, al
     ctx = Context(4, lab.topology, RING_ORDER)
     specs = [workloads.digits(4, rank) for rank in range(4)]
     tensors = specs[0]["tensors"]
-    digests, seconds = {}, {}
+    digests, seconds, by_nic = {}, {}, {}
     for transport in ("tcp", "rdma"):
-        before = rxe_sent_packets(lab, "h00")
+        before, before_nic = rxe_sent_packets(lab, "h00"), bytes_sent_by_nic(lab, "h00")
         result = driver.run(eps, algorithm, tensors, specs, iterations=3, ctx=ctx, transport=transport,
                             network=Network.from_links(lab.spec.links),
                             flow_paths=lab_agents.flow_paths(lab, transport), timeout=900)
@@ -237,7 +256,15 @@ def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, al
             assert sent >= 3 * gradient // 2 // 1024, (sent, gradient)
         else:
             assert sent < 16, sent  # tcp went past the rxe devices
+        # h00's agent counts what it sent per NIC ("routed" where the plan names none)
+        after = bytes_sent_by_nic(lab, "h00")
+        by_nic[transport] = {nic: n - before_nic.get(nic, 0.0) for nic, n in after.items() if n > before_nic.get(nic, 0.0)}
     assert digests["rdma"] == digests["tcp"]
+    # the same bytes on the same NICs over either transport: HiPS's two groups on both of
+    # h00's NICs, the ring's one neighbour routed
+    assert by_nic["rdma"] == by_nic["tcp"], by_nic
+    assert set(by_nic["rdma"]) == ({"0", "1"} if algorithm == "hips" else {"routed"}), by_nic
+    assert sum(by_nic["rdma"].values()) >= 3 * gradient // 2, by_nic
     # a gradient of 4 MB: chunks of many 256 KiB messages, paced, summed exactly
     big = [1_000_000]
     result = driver.run(eps, algorithm, big, workloads.emulated(big), iterations=2, ctx=ctx, transport="rdma",
@@ -250,7 +277,7 @@ def test_agents_allreduce_over_rdma_bit_identical_to_tcp(roce_agents, figure, al
     write_bw = ib_send_bw(lab, "h00", "h01", seconds=2, tool="ib_write_bw")
     figure(f"rdma_agents {algorithm} bcube,2,1 digits", {
         "s_per_iteration": seconds, "param_digest_equal": True, "gradient_bytes": 4 * sum(tensors),
-        "rdma_4MB_s_per_iteration": big_s,
+        "rdma_4MB_s_per_iteration": big_s, "h00_bytes_sent_by_nic": by_nic["rdma"],
         "ib_write_bw_h00_h01_MB_per_s": write_bw["MB_per_s"]})
 
 
