@@ -17,7 +17,7 @@ def _testbed(*args: str, state) -> subprocess.CompletedProcess:
                           env=os.environ | {"TESTBED_STATE": str(state)}, timeout=600)
 
 
-def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_needs(tmp_path):
+def test_calibrate_then_predict_knows_the_cpu_a_run_needs_and_bandwidth_auto_runs_at_its_rate(tmp_path):
     done = _testbed("calibrate", "--transports", "tcp,grpc", state=tmp_path)
     assert done.returncode == 0, done.stderr
     kept = json.loads((tmp_path / "calibration.json").read_text())
@@ -46,14 +46,17 @@ def test_calibrate_measures_this_machine_and_predict_then_knows_the_cpu_a_run_ne
     experiment.write_text("name: auto\nlab: {name: ex-auto, topology: {kind: star, servers: 4}, links: {bandwidth: auto}, "
                           "servers: {runtime: netns}}\niterations: 4\nwarmup: 1\n"
                           "agents: {via: nsenter, algorithms: [ring], workload: {kind: back-to-back, size: 16MB}}\n")
-    run = _testbed("run", str(experiment), "--out", str(tmp_path / "out"), state=tmp_path)
+    try:
+        run = _testbed("run", str(experiment), "--out", str(tmp_path / "out"), state=tmp_path)
+    finally:  # a run killed by the timeout leaves its lab: its journal is in this state directory
+        _testbed("clean", "ex-auto", state=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "links.bandwidth: auto →" in run.stderr
     point, = json.loads((tmp_path / "out" / "results.json").read_text())["points"]
+    assert point["status"] == "done" and point["verified"]
     rate = parse_rate(point["link_rate"])
+    assert f"links.bandwidth: auto → {point['link_rate']}" in run.stderr, run.stderr[-2000:]
     busbw = point["busbw_bytes_per_s"] * 8
     print(f"bandwidth auto: {point['link_rate']}, ring busbw {busbw / 1e6:.0f} Mbit/s, ratio {point['ratio']:.3f}, "
           f"verdict {point['fidelity']['verdict']}, CPU idle {point['fidelity'].get('cpu_idle_share')}")
-    assert point["status"] == "done" and point["verified"]
     assert 10e6 < rate <= 100e9
     assert 0.5 * rate < busbw <= 1.0 * rate

@@ -5,9 +5,9 @@ Two kernels, each booted once per session:
   labs, marking queues (RED, CoDel, FQ-CoDel) with dctcp under a mesh, and the refusal of
   soft-RoCE labs, since its rdma_rxe serves only the initial network namespace;
 - the stock kernel of TESTBED_VM_RDMA_SUITE (default trixie-backports, whose rdma_rxe is
-  per-namespace): soft-RoCE provisioning, RDMA exchanges across a lab's fabric, ring and
-  HiPS over the agents' rdma transport, and a lab of Docker servers over rdma (the guest runs
-  a Docker engine of its own on a disk image of this host's Docker state: docker_disk).
+  per-namespace): soft-RoCE provisioning, RDMA exchanges across a lab's fabric, every
+  algorithm over the agents' rdma transport, and a lab of Docker servers over rdma (the guest
+  runs a Docker engine of its own on a disk image of this host's Docker state: docker_disk).
 Each boot is bounded by TESTBED_VM_TIMEOUT seconds (default 600, so the tier by 20 minutes);
 it takes about eight minutes once the kernels are cached (the first run downloads
 ~100 MB per kernel).
@@ -190,6 +190,7 @@ def test_rdma_exchange_on_a_kernel_with_per_namespace_rxe(rdma_run, docker_state
     assert any(name.startswith("rdma_repaced") for name in figures(rdma_run)), explain(rdma_run)  # re-pacing
     assert any(name.startswith("rdma_every_algorithm") for name in figures(rdma_run)), explain(rdma_run)
     assert "rdma_survive_rejoin star,4" in figures(rdma_run), explain(rdma_run)  # a crash survived, then rejoined
+    assert "rdma_hdrm bigraph,4,1" in figures(rdma_run), explain(rdma_run)  # HDRM, on BiGraph only
     if docker_state.get("disk") is not None:  # Docker servers with rdma, where the host had the server image to give
         assert any(name.startswith("rdma_docker") for name in figures(rdma_run)), explain(rdma_run)
 
