@@ -41,7 +41,7 @@ from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
 from orchestrator.collectives.partition import partitions  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
 from orchestrator.emulation import lab as lab_module  # noqa: E402
-from orchestrator.experiment.results import sync_times  # noqa: E402
+from orchestrator.experiment.results import entry_spread, sync_times  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
@@ -96,7 +96,18 @@ def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterati
             "predicted_s": round(predicted, 5), "ratio": round(measured / predicted, 3),
             "measured_s_over_b": round(measured / unit, 3), "predicted_s_over_b": round(predicted / unit, 3),
             "alone_s_over_b": round(result.predicted.seconds / unit, 3),
-            "cpu_idle": round((after[1] - before[1]) / max(1e-9, after[0] - before[0]), 2)}
+            "cpu_idle": round((after[1] - before[1]) / max(1e-9, after[0] - before[0]), 2),
+            # how far apart the workers entered the timed allreduces, and the model's lockstep
+            "entry_spread_ms": _ms(entry_spread(result.records(), ctx.workers, warmup)),
+            "predicted_entry_spread_ms": _ms(result.predicted.entry_spread)}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 2)
+
+
+def _shown_ms(ms: float | None) -> str:
+    return "–" if ms is None else f"{ms:.1f} ms"
 
 
 def with_alpha(lab, endpoints, network: Network) -> Network:
@@ -136,7 +147,9 @@ def run_lab(shorthand: str, rate: str, sizes: list[int], only: set[str], iterati
                     rows.append(row)
                     print(f"  {shorthand:<12} {_size(size):>7} {algorithm:<18} measured {row['measured_s']:8.4f} s "
                           f"predicted {row['predicted_s']:8.4f} s  ratio {row['ratio']:5.3f}  CPU idle "
-                          f"{row['cpu_idle']:4.0%}  ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+                          f"{row['cpu_idle']:4.0%}  entries apart {_shown_ms(row['entry_spread_ms'])} "
+                          f"(model {_shown_ms(row['predicted_entry_spread_ms'])})  ({time.monotonic() - started:.0f} s)",
+                          file=sys.stderr, flush=True)
         finally:
             lab_agents.stop(endpoints)
         if gloo and shorthand.startswith("star"):

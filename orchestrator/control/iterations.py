@@ -10,11 +10,13 @@ compute and the even ECMP spread; the API the run's own, over the paths it hashe
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator import units
+from orchestrator.cost.predict import entry_spread as spread_of_entries
 
 
 def iteration_times(records: list[dict]) -> list[float]:
@@ -44,6 +46,18 @@ def sync_times(records: list[dict]) -> list[float]:
         compute.setdefault(record["iteration"], []).append(record["compute_s"])
     return [max(0.0, t - statistics.median(compute[i]))
             for i, t in zip(sorted(compute), iteration_times(records))]
+
+
+def entry_spread(records: list[dict], workers: int, warmup: int) -> float | None:
+    """How far apart ranks 0..workers−1 (the workers) entered the allreduces after the
+    `warmup` first, by their start times (cost.predict.entry_spread; Prediction.entry_spread
+    is the model's). None without an allreduce every worker entered."""
+    rows: dict[int, dict[int, float]] = {}
+    for record in records:
+        start = record.get("start_time")
+        if record["iteration"] >= warmup and isinstance(start, (int, float)) and math.isfinite(start):
+            rows.setdefault(record["iteration"], {})[record["rank"]] = start
+    return spread_of_entries([rows[i] for i in sorted(rows)], workers)
 
 
 def iteration_spans(records: list[dict]) -> dict[int, tuple[float, float]]:

@@ -49,6 +49,9 @@ class Prediction:
     # which model gave it: "event" (simulate.py) or "steps" (stepwise.py: a plan past the
     # event simulation's budget)
     model: str = "event"
+    # how far apart the workers enter an allreduce back to back (the median over the ones in
+    # a row): a symmetric schedule's lockstep keeps them together (None: not simulated)
+    entry_spread: float | None = None
 
     @property
     def per_run(self) -> float:
@@ -92,6 +95,7 @@ class Prediction:
             "link_bytes": self.link_bytes,
             "parts": self.parts,
             "model": self.model,
+            "entry_spread_seconds": self.entry_spread,
         }
 
 
@@ -130,19 +134,22 @@ def predict_schedules(
     buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
 
     def model(network: Network):
+        """One allreduce alone, the time per allreduce in a row, and how far apart the
+        workers entered those in a row (None where left out)."""
         run = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, **buffers)
-        back_to_back = None
+        back_to_back = spread = None
         if run.work * BACK_TO_BACK <= BACK_TO_BACK_WORK:  # else left out: one is all the time allows
             try:
                 in_a_row = simulate(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize,
                                     iterations=BACK_TO_BACK, compute_s=compute_s, **buffers)
                 back_to_back = max(0.0, in_a_row.period - compute_s)
+                spread = entry_spread(in_a_row.exits[:-1], _workers(schedules))  # entries: the exits before
             except ModelTooLarge:
                 pass
-        return run, back_to_back
+        return run, back_to_back, spread
 
     try:
-        run, back_to_back = model(network)
+        run, back_to_back, spread = model(network)
     except ModelTooLarge:
         return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
                          attribute, work)
@@ -157,13 +164,27 @@ def predict_schedules(
     if attribute:
         without = per_run
         if _has_latency(network):
-            alone, in_a_row = model(_without_latency(network))
+            alone, in_a_row, _ = model(_without_latency(network))
             without = min(per_run, in_a_row if in_a_row is not None else alone.seconds)
         parts = _parts(per_run, without, run.link_bytes, routes.capacities(network))
         if skew is not None:
             parts["skew"] = skew
     return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.events, back_to_back,
-                       parts)
+                       parts, entry_spread=spread)
+
+
+def _workers(schedules: Schedules) -> int:
+    return len(schedules[0][1].workers) if schedules else 0
+
+
+def entry_spread(entries: Sequence[dict[int, float]], workers: int) -> float | None:
+    """How far apart ranks 0..workers−1 (the workers; parameter servers come after) entered
+    their allreduces: max − min of their entry times in each, the median over them. `entries`:
+    per allreduce, rank → when it entered (the model's exits of the one before, or a run's
+    starts). None without an allreduce every worker entered."""
+    spreads = [max(times) - min(times) for row in entries
+               if len(times := [row[r] for r in range(workers) if r in row]) == workers and workers]
+    return statistics.median(spreads) if spreads else None
 
 
 def _has_latency(network: Network) -> bool:
@@ -184,7 +205,7 @@ def _parts(per_run: float, without: float, link_bytes: list[float], capacities: 
 
 def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds: float, link_bytes: list[float],
                 itemsize: int, events: int, back_to_back: float | None, parts: dict | None,
-                model: str = "event") -> Prediction:
+                model: str = "event", entry_spread: float | None = None) -> Prediction:
     capacities = routes.capacities(network)
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = len(schedules[0][1].workers) if schedules else 0
@@ -194,7 +215,8 @@ def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds:
          for i, b in enumerate(link_bytes) if b > 0),
         key=lambda load: (-load.bytes, load.link),
     )
-    return Prediction(algorithm, seconds, size, workers, network, tuple(loads), events, back_to_back, parts, model)
+    return Prediction(algorithm, seconds, size, workers, network, tuple(loads), events, back_to_back, parts, model,
+                      entry_spread)
 
 
 # Transfers past which a prediction takes the step-level model: what a run's agents may hold

@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator import files
 # re-exported: calibrate, the reports and the benches read iterations through results
-from orchestrator.control.iterations import (iteration_spans, iteration_times, iterations_within,  # noqa: F401
-                                             sync_times)
+from orchestrator.control.iterations import (entry_spread, iteration_spans, iteration_times,  # noqa: F401
+                                             iterations_within, sync_times)
 from orchestrator.emulation.journal import write_inside
 from orchestrator.errors import BadUsage
 from orchestrator.spec.loader import display_path, one_line

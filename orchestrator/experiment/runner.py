@@ -79,7 +79,8 @@ def _predicted_time(prediction) -> dict:
     """What results.json's `predicted` holds of a prediction's time and bytes (point_entry's,
     and again after a run that knows more: `_predict_over`)."""
     return {"seconds": prediction.per_run, "alone_seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
-            "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes, "parts": prediction.parts}
+            "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes, "parts": prediction.parts,
+            "entry_spread_s": prediction.entry_spread}
 
 
 def start_results(plan: Plan, source: Path) -> dict:
@@ -365,6 +366,10 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         if not faults and len(result.history) <= 1 and planned.point.group is None:  # one membership, alone
             _predict_as_run(spec, planned, records, entry, workers, paths)
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
+        if point.workload.kind == "back-to-back" and not faults and len(result.history) <= 1:
+            # entries set by the allreduces alone (no compute between), of the same workers throughout
+            entry["entry_spread_s"] = {"measured": results_lib.entry_spread(records, workers, spec.warmup),
+                                       "predicted": entry["predicted"].get("entry_spread_s")}
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and iterations > 1:
             entry["back_to_back_s"] = sum(result.back_to_back_times(max(1, spec.warmup))) / len(result.results)
@@ -626,6 +631,7 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float, pack
         else entry.get("wall_s")
     facts = {"cpu_idle_share": known.get(tightest), "cpu_idle_machine": tightest or None, "seconds": seconds,
              "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"), **(packets or {}),
+             "entry_spread_s": entry.get("entry_spread_s"), "sync_s": (entry.get("sync_s") or {}).get("fault_free_mean"),
              **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
     by_host = {host: share for host, share in shares.items() if host}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"], **(packets or {}),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
 from orchestrator.cost import Network, predict, predict_schedules, tcp_efficiency
 from orchestrator.cost.closed_forms import closed_form
+from orchestrator.cost.predict import entry_spread
 from orchestrator.cost.compiled import build_schedules
 from orchestrator.cost.ranges import Ranges
 from orchestrator.cost.routes import Routes
@@ -274,6 +276,32 @@ def test_back_to_back_a_rank_done_early_starts_the_next_allreduce():
     assert min(first.values()) < max(first.values())  # some leave early
     assert run_.period < alone.seconds
     assert run_.link_bytes == pytest.approx(alone.link_bytes)  # per allreduce either way
+
+
+def test_the_workers_entries_back_to_back_as_the_model_has_them():
+    """Prediction.entry_spread: how far apart the workers enter an allreduce back to back (the
+    median over the ones in a row). Symmetric schedules keep them together; a tree's leaves
+    get the broadcast's last bytes after its first ones, one hop each; halving-doubling on 5
+    ranks lets 2-4 leave before 0 and 1 (above), by rank 0's extra copy."""
+    star = make_topology("star", servers=8)
+    for algorithm in ("ring", "halving-doubling"):
+        prediction = predict(star, algorithm, 4_000_000, IDEAL)
+        assert prediction.entry_spread == pytest.approx(0.0, abs=1e-9), algorithm
+    tree = predict(star, "tree", 4_000_000, IDEAL)
+    assert 0.05 * tree.per_run < tree.entry_spread < tree.per_run
+    five = make_topology("star", servers=5)
+    schedules, nodes = build_schedules(five, "halving-doubling", 4_000_000)
+    in_a_row = simulate(Routes(five), schedules, nodes, IDEAL, 2**20, iterations=4)
+    by_hand = statistics.median(max(exits.values()) - min(exits.values()) for exits in in_a_row.exits[:-1])
+    assert by_hand > 0 and predict_schedules(five, schedules, nodes, IDEAL, 2**20).entry_spread == pytest.approx(by_hand)
+
+
+def test_entry_spread_counts_the_workers_that_entered_every_allreduce():
+    # ranks 0-1 are the workers (a parameter server, rank 2, is left out); an allreduce a
+    # worker is missing from is skipped; the median of what is left
+    rows = [{0: 1.0, 1: 1.5, 2: 9.0}, {0: 2.0, 1: 2.1}, {0: 3.0}, {0: 4.0, 1: 4.3}]
+    assert entry_spread(rows, 2) == pytest.approx(0.3)
+    assert entry_spread([{0: 1.0}], 2) is None and entry_spread([], 2) is None and entry_spread(rows, 0) is None
 
 
 def test_latency_and_link_delay_come_before_the_first_byte():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.experiment.verdict import judge
+from orchestrator.experiment.verdict import DRIFT_SHARE, judge
 
 GOOD = {"cpu_idle_share": 0.6, "seconds": 10.0, "rate_bytes_per_s": 12.5e6, "ratio": 1.04,
         "link_bytes": {"h0→sw": 100e6, "sw→h1": 90e6}, "link_packets": {"h0→sw": 70_000, "sw→h1": 60_000},
@@ -79,3 +79,49 @@ def test_a_split_labs_cpu_headroom_is_its_busiest_hosts():
     assert any("on host y" in reason for reason in judged["reasons"]), judged["reasons"]
     one_host = _judge({"wall_s": 1.0, "ratio": 1.0}, {**before, "host_cpus": {}}, {**after, "host_cpus": {}}, 1e6)
     assert one_host["verdict"] == "ok" and "cpu_idle_by_host" not in one_host and one_host["cpu_idle_share"] == 0.9
+
+
+def test_workers_that_drifted_apart_are_named_when_the_model_is_off_either_way():
+    """Halving-doubling on star,8 (2 MiB, 200 Mbit): its workers entered each allreduce ~33 ms
+    apart where the model keeps them in lockstep, 1.38 × the model; the reason says so, with
+    both figures. Entries within DRIFT_SHARE of a synchronisation of the model's, a point in
+    the band, or facts missing or not numbers say nothing of it."""
+    drifted = GOOD | {"ratio": 1.38, "entry_spread_s": {"measured": 0.0327, "predicted": 0.0}, "sync_s": 0.2404}
+    judged = judge(drifted)
+    assert judged["verdict"] == "model off" and len(judged["reasons"]) == 1
+    assert "entered each allreduce 32.7 ms apart, the model's lockstep 0.0 ms" in judged["reasons"][0], judged
+    assert "drifted apart" in judge(drifted | {"ratio": 0.83})["reasons"][0]  # the skew can speed it up too
+    # a tree's workers leave its broadcast apart in the model as well: only the excess counts
+    tree = drifted | {"entry_spread_s": {"measured": 0.19, "predicted": 0.176}, "sync_s": 0.9}
+    assert "drifted" not in judge(tree)["reasons"][0]
+    edge = drifted | {"entry_spread_s": {"measured": DRIFT_SHARE * 0.2404, "predicted": 0.0}}  # exactly that share
+    assert "drifted" not in judge(edge)["reasons"][0]
+    assert judge(drifted | {"ratio": 1.05}) == {"verdict": "ok", "reasons": []}
+    for broken in ({"entry_spread_s": None}, {"entry_spread_s": [0.03]}, {"sync_s": None}, {"sync_s": 0.0},
+                   {"entry_spread_s": {"measured": float("nan"), "predicted": 0.0}},
+                   {"entry_spread_s": {"measured": True, "predicted": 0.0}},
+                   {"entry_spread_s": {"measured": "0.03", "predicted": 0.0}}):
+        judged = judge(drifted | broken)
+        assert judged["verdict"] == "model off" and "drifted" not in judged["reasons"][0], broken
+
+
+def test_a_runs_entries_reach_its_verdict():
+    """The runner measures how far apart the workers entered the timed allreduces from their
+    records (after the warm-up, workers only, start times that are numbers) and hands that,
+    the model's figure and the time per synchronisation to the verdict."""
+    from orchestrator.experiment.results import entry_spread
+    from orchestrator.experiment.runner import _judge
+
+    records = [{"rank": r, "iteration": i, "start_time": 100.0 + i + 0.01 * r * i} for i in range(4) for r in range(3)]
+    records.append({"rank": 3, "iteration": 2, "start_time": 500.0})  # a parameter server: not a worker
+    records.append({"rank": 0, "iteration": 5, "start_time": float("nan")})
+    # iterations 1-3 (warm-up 1): 0.02, 0.04, 0.06 s apart over ranks 0-2
+    assert entry_spread(records, 3, 1) == pytest.approx(0.04)
+    assert entry_spread(records, 3, 9) is None and entry_spread(records, 0, 1) is None
+    counters = {"cpu": {"idle": 9.0, "busy": 1.0}, "bytes": {}, "packets": {}, "drops": {}, "marks": {}}
+    zero = {**counters, "cpu": {"idle": 0.0, "busy": 0.0}}
+    entry = {"wall_s": 1.0, "ratio": 1.4, "sync_s": {"fault_free_mean": 0.2},
+             "entry_spread_s": {"measured": 0.04, "predicted": 0.001}}
+    judged = _judge(entry, zero, counters, 1e6)
+    assert judged["verdict"] == "model off" and "entered each allreduce 40.0 ms apart" in judged["reasons"][0], judged
+    assert "drifted" not in _judge({**entry, "entry_spread_s": None}, zero, counters, 1e6)["reasons"][0]
