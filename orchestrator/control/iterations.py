@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator import units
-from orchestrator.cost.predict import entry_spread as spread_of_entries
 
 
 def iteration_times(records: list[dict]) -> list[float]:
@@ -51,7 +50,10 @@ def sync_times(records: list[dict]) -> list[float]:
 def entry_spread(records: list[dict], workers: int, warmup: int) -> float | None:
     """How far apart ranks 0..workers−1 (the workers) entered the allreduces after the
     `warmup` first, by their start times (cost.predict.entry_spread; Prediction.entry_spread
-    is the model's). None without an allreduce every worker entered."""
+    is the model's). On a lab split over hosts, as far as the hosts' clocks agree. None
+    without an allreduce every worker entered."""
+    from orchestrator.cost.predict import entry_spread as spread_of_entries  # here: results' readers skip numpy
+
     rows: dict[int, dict[int, float]] = {}
     for record in records:
         start = record.get("start_time")

@@ -158,8 +158,9 @@ def predict_schedules(
     if compute is not None:
         skewed = _stragglers(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, buffers,
                              compute, warmup)
-        if skewed is not None:
-            skew, back_to_back = skewed - per_run, skewed
+        if skewed is not None:  # the time and the entries are then those of the workers' own skew
+            in_skew, spread = skewed
+            skew, back_to_back = in_skew - per_run, in_skew
     parts = None
     if attribute:
         without = per_run
@@ -208,7 +209,7 @@ def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds:
                 model: str = "event", entry_spread: float | None = None) -> Prediction:
     capacities = routes.capacities(network)
     size = sum(part.length for part, _ in schedules) * itemsize
-    workers = len(schedules[0][1].workers) if schedules else 0
+    workers = _workers(schedules)
     algorithm = schedules[0][1].algorithm if schedules else "none"
     loads = sorted(
         (LinkLoad(str(routes.directions[i]), b, b / (capacities[i] * seconds) if seconds > 0 else 0.0)
@@ -250,11 +251,13 @@ SKEW_ITERATIONS = 32
 
 def _stragglers(routes: Routes, schedules: Schedules, nodes: Sequence[str], network: Network, chunk_bytes: int,
                 credit_bytes: int, itemsize: int, buffers: dict, compute: Sequence[Sequence[float]],
-                warmup: int) -> float | None:
+                warmup: int) -> tuple[float, float | None] | None:
     """Seconds per synchronisation of a run whose workers compute for the drawn times, as the
     run's results measure it (experiment/results.sync_times): each iteration from the
     slowest rank's exit of the last to its exit of this one, less the median worker's
-    compute. None when the model cannot take that many iterations (ModelTooLarge)."""
+    compute; and how far apart the workers entered the allreduces from `warmup` on (each
+    entry: its exit of the one before and its compute). None when the model cannot take that
+    many iterations (ModelTooLarge)."""
     rows = [list(row) for row in compute[:SKEW_ITERATIONS]]
     if not rows:
         return None
@@ -271,7 +274,9 @@ def _stragglers(routes: Routes, schedules: Schedules, nodes: Sequence[str], netw
     ends = [max(exits.values(), default=0.0) for exits in run.exits]
     syncs = [end - (ends[i - 1] if i else 0.0) - statistics.median(rows[i]) for i, end in enumerate(ends)]
     measured = syncs[min(warmup, len(syncs) - 1):]
-    return max(0.0, statistics.fmean(measured))
+    entries = [{r: (run.exits[i - 1].get(r, 0.0) if i else 0.0) + seconds(i, r) for r in range(len(nodes))}
+               for i in range(max(1, warmup), len(rows))]
+    return max(0.0, statistics.fmean(measured)), entry_spread(entries, _workers(schedules))
 
 
 # Allreduces the model runs in a row for a run's time per allreduce: the period settles by the

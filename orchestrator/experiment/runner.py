@@ -366,9 +366,12 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         if not faults and len(result.history) <= 1 and planned.point.group is None:  # one membership, alone
             _predict_as_run(spec, planned, records, entry, workers, paths)
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
-        if point.workload.kind == "back-to-back" and not faults and len(result.history) <= 1:
-            # entries set by the allreduces alone (no compute between), of the same workers throughout
-            entry["entry_spread_s"] = {"measured": results_lib.entry_spread(records, workers, spec.warmup),
+        if point.workload.kind == "back-to-back" and not faults and len(result.history) <= 1 \
+                and planned.point.group is None:
+            # entries set by the allreduces alone (no compute between, after the first), of the
+            # same workers throughout, beside those of the point's prediction (as it ran, when
+            # `_predict_as_run` could take it), which ran alone
+            entry["entry_spread_s"] = {"measured": results_lib.entry_spread(records, workers, max(1, spec.warmup)),
                                        "predicted": entry["predicted"].get("entry_spread_s")}
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
         if point.workload.kind == "back-to-back" and iterations > 1:
@@ -444,7 +447,8 @@ def _predict_as_run(spec, planned: PlannedPoint, records: list[dict], entry: dic
         return
     predicted = entry["predicted"]
     predicted.update(planned_seconds=predicted.get("planned_seconds", predicted["seconds"]), seconds=prediction.per_run,
-                     parts=prediction.parts, compute="measured", entry="measured")
+                     parts=prediction.parts, compute="measured", entry="measured",
+                     entry_spread_s=prediction.entry_spread)
 
 
 @contextmanager

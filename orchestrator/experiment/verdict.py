@@ -79,11 +79,13 @@ def _prediction(facts: dict) -> str | None:
 
 def _drift(facts: dict) -> str:
     """When the workers entered the allreduces further apart than the model has them (more
-    than DRIFT_SHARE of a synchronisation apart): its time is then that of the skew they
-    settled into, which the model, keeping the schedule's lockstep, does not follow
-    (halving-doubling on star,8 at 2 MiB and 200 Mbit: ranks entered ~20 ms apart whether
-    started together or not, 1.55 × the model; at 4 MiB the same skew ran it 0.83 ×, the
-    early sends then missing the partner's busy link)."""
+    than DRIFT_SHARE of a synchronisation further): the time is then that of the skew they
+    fell into, which the model does not follow. Halving-doubling on star,8 at 2 MiB and
+    200 Mbit (tests/netns/test_entry_spread.py): its workers entered 29.9-37.3 ms apart
+    where the model, from their first entries, has them 0-8 ms apart, 1.30-1.52 × the
+    model; a partner a step ahead sends into a link still busy with the step before. The
+    lab's skew moves from run to run, and so does the time (bigraph,4,2's HDRM at 4 MiB:
+    0.89 × the model in one bench run, 1.45 × in another)."""
     spread, sync = facts.get("entry_spread_s"), facts.get("sync_s")
     if not isinstance(spread, dict):
         return ""
@@ -92,8 +94,8 @@ def _drift(facts: dict) -> str:
         return ""
     if measured - predicted <= DRIFT_SHARE * sync:
         return ""
-    return (f" (its workers entered each allreduce {measured * 1e3:,.1f} ms apart, the model's lockstep "
-            f"{predicted * 1e3:,.1f} ms: they drifted apart as it ran, and the model does not follow that skew)")
+    return (f" (its workers entered each allreduce {measured * 1e3:,.1f} ms apart where the model has them "
+            f"{predicted * 1e3:,.1f} ms apart: the model does not follow such skew)")
 
 
 def _number(x) -> bool:

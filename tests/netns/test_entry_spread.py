@@ -1,8 +1,9 @@
 """How far apart the workers entered their allreduces, through `testbed run`: measured from
-the run's own records, beside the model's (its lockstep), and named in the verdict when a
-point is off the model and its workers drifted apart. Halving-doubling on star,8 at 2 MiB
-and 200 Mbit is the case it was found on: its ranks settle ~20-50 ms apart whether they
-start together or not, and run it 1.5 × the model; a ring stays together."""
+the run's own records, beside the model's, and named in the verdict when a point is off
+the model and its workers entered further apart than the model has them. Halving-doubling
+on star,8 at 2 MiB and 200 Mbit is the case it was found on: its ranks entered 30-37 ms
+apart (the model, from their first entries: 0-8 ms), 1.30-1.52 × the model; a ring's
+entered 3-5 ms apart."""
 
 from __future__ import annotations
 
@@ -56,15 +57,18 @@ def test_the_workers_entries_are_measured_beside_the_models_and_explain_a_point_
         spread, sync = point["entry_spread_s"], point["sync_s"]["fault_free_mean"]
         print(algorithm, "ratio", round(point["ratio"], 3), "entries apart: measured", round(spread["measured"], 4),
               "model", round(spread["predicted"], 4), "per sync", round(sync, 4), point["fidelity"]["reasons"])
-        # measured from the run's own records, the model's from its prediction
+        # measured from the run's own records; the model's as it predicted the point: from the
+        # workers' first entries as they ran (runner._predict_as_run)
         assert spread["measured"] == spread_of(point["records"], 8, experiment["warmup"])
-        assert spread["predicted"] == point["predicted"]["entry_spread_s"]
-        # both schedules are symmetric: the model keeps the workers in lockstep
-        assert 0 <= spread["predicted"] < 0.05 * point["predicted"]["seconds"]
-        # the verdict names the drift exactly when the point is off the model and they drifted
+        assert isinstance(spread["predicted"], float) and spread["predicted"] >= 0
+        assert point["predicted"]["entry"] == "measured"
+        # the verdict names the skew exactly when the point is off the model and its workers
+        # entered further apart than the model has them
         drifted = spread["measured"] - spread["predicted"] > DRIFT_SHARE * sync
-        named = any("drifted apart" in reason for reason in point["fidelity"]["reasons"])
-        assert named == (drifted and point["fidelity"]["verdict"] == "model off"), point["fidelity"]
-    # halving-doubling's ranks did not stay in the model's lockstep
-    hd = points["halving-doubling"]["entry_spread_s"]
+        named = any("does not follow such skew" in reason for reason in point["fidelity"]["reasons"])
+        assert named == (drifted and not 0.90 <= point["ratio"] <= 1.10), point["fidelity"]
+    # a ring takes its workers back together, in the model too; halving-doubling's ranks
+    # entered further apart than the model keeps them (29.9-37.3 ms against 0-8 ms here)
+    ring, hd = points["ring"]["entry_spread_s"], points["halving-doubling"]["entry_spread_s"]
+    assert ring["predicted"] < 0.05 * points["ring"]["predicted"]["seconds"]
     assert hd["measured"] > hd["predicted"] + 0.005
