@@ -183,9 +183,8 @@ def entry_spread(entries: Sequence[dict[int, float]], workers: int) -> float | N
     their allreduces: max − min of their entry times in each, the median over them. `entries`:
     per allreduce, rank → when it entered (the model's exits of the one before, or a run's
     starts). None without an allreduce every worker entered."""
-    spreads = [max(times) - min(times) for row in entries
-               if len(times := [row[r] for r in range(workers) if r in row]) == workers and workers]
-    return statistics.median(spreads) if spreads else None
+    full = [[row[r] for r in range(workers)] for row in entries if workers and all(r in row for r in range(workers))]
+    return statistics.median(max(times) - min(times) for times in full) if full else None
 
 
 def _has_latency(network: Network) -> bool:

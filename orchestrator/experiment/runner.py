@@ -363,14 +363,13 @@ def _run_point(plan: Plan, planned: PlannedPoint, lab, endpoints: list[driver.En
         paths = _hashed_paths(result, planned)
         if paths is not None:
             _predict_over(spec, planned, paths, entry)
-        if not faults and len(result.history) <= 1 and planned.point.group is None:  # one membership, alone
+        alone = not faults and len(result.history) <= 1 and planned.point.group is None  # one membership, alone
+        if alone:
             _predict_as_run(spec, planned, records, entry, workers, paths)
         entry.update(results_lib.measured_point(entry, records, result.gst(), spec.warmup, workers))
-        if point.workload.kind == "back-to-back" and not faults and len(result.history) <= 1 \
-                and planned.point.group is None:
-            # entries set by the allreduces alone (no compute between, after the first), of the
-            # same workers throughout, beside those of the point's prediction (as it ran, when
-            # `_predict_as_run` could take it), which ran alone
+        if alone and point.workload.kind == "back-to-back":
+            # entries set by the allreduces alone (no compute between, after the first), beside
+            # those of the point's prediction (as it ran, when `_predict_as_run` could take it)
             entry["entry_spread_s"] = {"measured": results_lib.entry_spread(records, workers, max(1, spec.warmup)),
                                        "predicted": entry["predicted"].get("entry_spread_s")}
         entry.update(status="done", run_id=result.run_id, wall_s=result.wall_seconds)
