@@ -81,8 +81,8 @@ def _drift(facts: dict) -> str:
     """When the workers entered the allreduces further apart than the model has them (more
     than DRIFT_SHARE of a synchronisation further): the time is then that of the skew they
     fell into, which the model does not follow. Halving-doubling on star,8 at 2 MiB and
-    200 Mbit (tests/netns/test_entry_spread.py): its workers entered 29.9-37.3 ms apart
-    where the model, from their first entries, has them 0-8 ms apart, 1.30-1.52 × the
+    200 Mbit (tests/netns/test_entry_spread.py): its workers entered 26.4-37.3 ms apart
+    where the model, from their first entries, has them 0-9 ms apart, 1.25-1.52 × the
     model; a partner a step ahead sends into a link still busy with the step before. The
     lab's skew moves from run to run, and so does the time (bigraph,4,2's HDRM at 4 MiB:
     0.89 × the model in one bench run, 1.45 × in another)."""
