@@ -27,9 +27,20 @@ from orchestrator.agent.native.engine import NativeEngine  # noqa: E402
 
 
 def _free_port() -> int:
+    """A port nothing listens on (for a peer that must not answer)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listener(engine_for) -> tuple[tcp.TcpListener, int]:
+    """A tcp listener bound now on a port the kernel picks, and that port: one picked free and
+    bound later may meanwhile be taken (as a connection's own port, by a test beside it)."""
+    listener = tcp.TcpListener("127.0.0.1:0", engine_for)
+    listener.bind()
+    port = listener.sock.getsockname()[1]
+    listener.address = f"127.0.0.1:{port}"
+    return listener, port
 
 
 def _start(rank: int, workers: int, size: int) -> np.ndarray:
@@ -49,19 +60,21 @@ async def _allreduce(algorithm: str, ctx: Context, size: int, *, python_ranks=()
     (the workers' buffers after the last iteration, the engines)."""
     plans = _plans(algorithm, ctx, size, part_bytes)
     ranks = len(plans)
-    ports = [_free_port() for _ in range(ranks)]
-    peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
-             for r in range(ranks)}
-    engines = [(Engine if r in python_ranks else NativeEngine)(
-        "run", r, plans[r], _start(r, ctx.workers, size), peers, chunk_bytes, credit, lambda *_: None,
-        transport="tcp", trace=trace) for r in range(ranks)]
-    listeners = []
+    engines: list = []
+    listeners, ports = [], []
     for r in range(ranks):
         async def engine_for(run_id, r=r):
             return engines[r]
-        listener = tcp.TcpListener(f"127.0.0.1:{ports[r]}", engine_for)
-        await listener.start()
+        listener, port = _listener(engine_for)
         listeners.append(listener)
+        ports.append(port)
+    peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+             for r in range(ranks)}
+    engines += [(Engine if r in python_ranks else NativeEngine)(
+        "run", r, plans[r], _start(r, ctx.workers, size), peers, chunk_bytes, credit, lambda *_: None,
+        transport="tcp", trace=trace) for r in range(ranks)]
+    for listener in listeners:
+        await listener.start()
     try:
         await asyncio.gather(*(e.connect() for e in engines))
         for iteration in range(iterations):
@@ -131,18 +144,18 @@ class _LoneRank:
 
     async def __aenter__(self):
         plans = _plans("ring", Context(2), self.SIZE)
-        ports = [_free_port(), _free_port()]
+
+        async def engine_for(run_id):
+            return self.engine
+        self.listener, own = _listener(engine_for)
+        self.sink = socket.create_server(("127.0.0.1", 0))  # rank 1's tcp listener
+        self.sink.setblocking(False)
+        ports = [own, self.sink.getsockname()[1]]
         peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
                  for r in range(2)}
         self.engine = NativeEngine("run", 0, plans[0], np.ones(self.SIZE, np.float32), peers, self.CHUNK * 4, 0,
                                    lambda *_: None, transport="tcp")
-
-        async def engine_for(run_id):
-            return self.engine
-        self.listener = tcp.TcpListener(f"127.0.0.1:{ports[0]}", engine_for)
         await self.listener.start()
-        self.sink = socket.create_server(("127.0.0.1", ports[1]))  # rank 1's tcp listener
-        self.sink.setblocking(False)
         loop = asyncio.get_running_loop()
         accepting = loop.sock_accept(self.sink)
         await self.engine.connect()
@@ -287,17 +300,15 @@ def test_a_chunk_that_may_not_land_yet_is_staged_then_applied_in_order():
     reading), and the END is acknowledged only once both have landed."""
     step = lambda n, op: plan_format.Step(n, [], [plan_format.Recv(1, 0, 16)])  # noqa: E731
     plans = [plan_format.PartitionPlan(0, 0, 16, 0, [step(0, "add"), step(1, "copy")])]
-    port = _free_port()
-    peers = {0: {"address": f"127.0.0.1:{port - tcp.PORT_OFFSET}", "by_nic": {}, "node": "h0"},
-             1: {"address": "127.0.0.1:9", "by_nic": {}, "node": "h1"}}
 
     async def run():
-        engine = NativeEngine("run", 0, plans, np.ones(16, np.float32), peers, 64, 0, lambda *_: None,
-                              transport="tcp")
-
         async def engine_for(run_id):
             return engine
-        listener = tcp.TcpListener(f"127.0.0.1:{port}", engine_for)
+        listener, port = _listener(engine_for)
+        peers = {0: {"address": f"127.0.0.1:{port - tcp.PORT_OFFSET}", "by_nic": {}, "node": "h0"},
+                 1: {"address": "127.0.0.1:9", "by_nic": {}, "node": "h1"}}
+        engine = NativeEngine("run", 0, plans, np.ones(16, np.float32), peers, 64, 0, lambda *_: None,
+                              transport="tcp")
         await listener.start()
         peer = socket.create_connection(("127.0.0.1", port))
         try:
@@ -343,17 +354,16 @@ def test_a_peer_not_listening_leaves_the_rank_receiving_until_it_is_named(monkey
     has had OPEN_WAIT to open."""
     monkeypatch.setattr(tcp, "OPEN_WAIT", 0.5)
     plans = _plans("ring", Context(2), 64)
-    ports = [_free_port(), _free_port()]
-    peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
-             for r in range(2)}
 
     async def run():
-        engine = NativeEngine("run", 0, plans[0], np.ones(64, np.float32), peers, 64, 0, lambda *_: None,
-                              transport="tcp")
-
         async def engine_for(run_id):
             return engine
-        listener = tcp.TcpListener(f"127.0.0.1:{ports[0]}", engine_for)
+        listener, own = _listener(engine_for)
+        ports = [own, _free_port()]  # rank 1's: nothing listens there
+        peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
+                 for r in range(2)}
+        engine = NativeEngine("run", 0, plans[0], np.ones(64, np.float32), peers, 64, 0, lambda *_: None,
+                              transport="tcp")
         await listener.start()
         peer = socket.create_connection(("127.0.0.1", ports[0]))
         try:
