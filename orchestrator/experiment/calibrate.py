@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple
 from orchestrator.cost.cpu import Calibration
 from orchestrator.emulation.journal import state_root, write_inside
 from orchestrator.errors import TestbedError
-from orchestrator.experiment.verdict import MIN_IDLE
+from orchestrator.experiment.verdict import MAX_STEAL, MIN_IDLE
 
 LAB = "star,4"
 RATE = "1Gbit"
@@ -188,11 +188,12 @@ def _checked_latency(raw: object) -> dict[str, dict[str, dict[str, float]]]:
             if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= MAX_CORES:
                 raise ValueError(f"{where}.cores: expected a count of cores from 1 to {MAX_CORES}, got {cores!r}"[:300])
             checked["cores"] = cores
-            if "cpu_idle_share" in values:  # files kept before it was recorded have none
-                idle = values["cpu_idle_share"]
-                if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle <= 1:
-                    raise ValueError(f"{where}.cpu_idle_share: expected a share from 0 to 1, got {idle!r}"[:300])
-                checked["cpu_idle_share"] = float(idle)
+            for name in ("cpu_idle_share", "cpu_steal_share"):
+                if name in values:  # files kept before it was recorded have none
+                    share = values[name]
+                    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+                        raise ValueError(f"{where}.{name}: expected a share from 0 to 1, got {share!r}"[:300])
+                    checked[name] = float(share)
             agents = values.get("agents")
             if agents is not None:  # files kept before it was recorded have none
                 if not isinstance(agents, str) or len(agents) > 64:
@@ -241,13 +242,14 @@ def trusted(measured: dict) -> bool:
     busy machine the agents wait for a core, that wait is fitted as latency, and it was kept
     and reused by every later run on the lab (bcube,2,1 had 451 µs kept, from a moment
     nothing recorded; 209-275 µs measured on a quiet machine): one measured with less than
-    the verdict's idle share (MIN_IDLE) is measured again too; one kept before the share was
+    the verdict's idle share (MIN_IDLE), or with more of the CPU's time held by a hypervisor
+    than the verdict lets by (MAX_STEAL), is measured again too; one kept before the share was
     recorded is taken as it is."""
     return measured.get("agents") == agents_fingerprint() and _quiet(measured) and "peer_s" in measured
 
 
 def _quiet(measured: dict) -> bool:
-    return measured.get("cpu_idle_share", 1.0) >= MIN_IDLE
+    return measured.get("cpu_idle_share", 1.0) >= MIN_IDLE and measured.get("cpu_steal_share", 0.0) <= MAX_STEAL
 
 
 def latency_for(lab, transport: str) -> Latency | None:
@@ -281,12 +283,13 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     """α on `lab` over `transport` with its running agents `endpoints` (one per server): a
     zero-byte ring over all of them, and a ping-pong between the first two, each back to
     back; each fitted to the model (cost/latency.py). {"alpha_s", "pingpong_s", "allreduce_s", "cores",
-    "cpu_idle_share", "agents"}: the machine's idle share while it measured, and which agents
-    measured it (see `trusted`)."""
+    "cpu_idle_share", "cpu_steal_share", "agents"}: the machine's idle share while it measured,
+    the share a hypervisor held (where the kernel counts it), and which agents measured it (see
+    `trusted`)."""
     import dataclasses
 
     from orchestrator.collectives.context import Context
-    from orchestrator.monitoring.exporter import idle_share
+    from orchestrator.monitoring.exporter import idle_share, steal_share
     from orchestrator.cost import Network
     from orchestrator.cost.latency import fit_alpha
     from orchestrator.cost.predict import predict_schedules
@@ -338,10 +341,11 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
     # connection to every other; what its messages cost beyond the ring's α is per peer past
     # a ring's two (cost/simulate.py BASE_PEERS: with 3 servers a mesh has no more)
     peer, mesh = timed(list(endpoints), "mesh", alpha) if len(endpoints) > BASE_PEERS + 1 else (0.0, 0.0)
-    share = idle_share(before, _cpu())
+    after = _cpu()
+    share, stolen = idle_share(before, after), steal_share(before, after)
     return {"alpha_s": alpha, "pingpong_s": pingpong, "allreduce_s": allreduce, "peer_s": peer, "mesh_s": mesh,
             "cores": cores, "cpu_idle_share": round(share, 4) if share is not None else 1.0,
-            "agents": agents_fingerprint()}
+            **({"cpu_steal_share": round(stolen, 4)} if stolen is not None else {}), "agents": agents_fingerprint()}
 
 
 def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], None]) -> None:
@@ -353,8 +357,8 @@ def _latencies(lab, endpoints, transports: list[str], progress: Callable[[str], 
 
 
 def describe_latency(measured: dict[str, float]) -> str:
-    idle = measured.get("cpu_idle_share")
-    cpu = "" if idle is None else f"; CPU {idle:.0%} idle" + (
+    idle, stolen = measured.get("cpu_idle_share"), measured.get("cpu_steal_share")
+    cpu = "" if idle is None else f"; CPU {idle:.0%} idle" + (f", {stolen:.0%} held by the hypervisor" if stolen else "") + (
         "" if _quiet(measured) else ": too busy to keep trusting it, measured again next time")
     peer = "" if "peer_s" not in measured else (
         f", and {measured['peer_s'] * 1e6:,.0f} µs more per further peer (fitted to a zero-byte mesh of "
@@ -402,7 +406,7 @@ def save(calibration: Calibration) -> Path:
 def need(prediction, topology, transport: str, calibration: Calibration):
     """cost.cpu.CpuNeed of one allreduce on `topology`, with the verdict's idle share kept."""
     from orchestrator.cost.cpu import cpu_need
-    from orchestrator.experiment.verdict import MIN_IDLE
+    from orchestrator.experiment.verdict import MAX_STEAL, MIN_IDLE
 
     return cpu_need(prediction, calibration, transport, {s.name for s in topology.servers}, MIN_IDLE)
 

@@ -33,7 +33,7 @@ from orchestrator.experiment.plan import (Plan, PlannedPoint, compiled_point, co
 from orchestrator.experiment.rejoin import Rejoiner
 from orchestrator.experiment.report import render
 from orchestrator.experiment.sweep import LabVariant
-from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_share, link_place
+from orchestrator.monitoring.exporter import FabricCollector, host_cpu, idle_share, link_place, steal_share
 from orchestrator.monitoring.peaks import QueuePeaks
 from orchestrator.deploy import lab_agents
 from orchestrator.emulation.interrupts import terminate_as_interrupt
@@ -599,13 +599,14 @@ def _fabric(collector: FabricCollector) -> dict[str, dict[str, int]]:
     return counters
 
 
-def _idle_shares(before: dict, after: dict) -> dict[str, float | None]:
-    """Idle share of each machine's CPU between two reads: this one ("") and each host's."""
+def _cpu_shares(before: dict, after: dict, share: Callable[[dict, dict], float | None]) -> dict[str, float | None]:
+    """`share` (idle_share, steal_share) of each machine's CPU between two reads: this one ("")
+    and each host's."""
     machines = {"": (before["cpu"], after["cpu"])}
     for host, cpu in (after.get("host_cpus") or {}).items():
         if host in (before.get("host_cpus") or {}):
             machines[host] = (before["host_cpus"][host], cpu)
-    return {machine: idle_share(first, last) for machine, (first, last) in machines.items()}
+    return {machine: share(first, last) for machine, (first, last) in machines.items()}
 
 
 def _sized_packets(lab) -> tuple[Callable, dict]:
@@ -625,19 +626,23 @@ def _judge(entry: dict, before: dict, after: dict, rate_bytes_per_s: float, pack
     """The point's fidelity verdict from what moved while it ran (`packets`: what
     `_sized_packets` kept). On a lab split over hosts the CPU headroom is the least any
     machine had (this one, which drives, or a host)."""
-    shares = _idle_shares(before, after)
+    shares = _cpu_shares(before, after, idle_share)
     known = {machine: share for machine, share in shares.items() if share is not None}
     tightest = min(known, key=known.get, default="")
+    stolen = {machine: share for machine, share in _cpu_shares(before, after, steal_share).items() if share is not None}
+    robbed = max(stolen, key=stolen.get, default="")
     # a job running beside others shares links whose bytes the counters cannot tell apart, and
     # they flow before and after its own run: its bytes are held against its whole window
     seconds = (entry.get("bytes_per_link") or {}).get("seconds") if entry.get("mode") == "together" \
         else entry.get("wall_s")
-    facts = {"cpu_idle_share": known.get(tightest), "cpu_idle_machine": tightest or None, "seconds": seconds,
+    facts = {"cpu_idle_share": known.get(tightest), "cpu_idle_machine": tightest or None,
+             "cpu_steal_share": stolen.get(robbed), "cpu_steal_machine": robbed or None, "seconds": seconds,
              "rate_bytes_per_s": rate_bytes_per_s, "ratio": entry.get("ratio"), **(packets or {}),
              "entry_spread_s": entry.get("entry_spread_s"), "sync_s": (entry.get("sync_s") or {}).get("fault_free_mean"),
              **{f"link_{key}": _delta(before.get(key, {}), after.get(key, {})) for key in FABRIC}}
     by_host = {host: share for host, share in shares.items() if host}
     return {**verdict.judge(facts), "cpu_idle_share": facts["cpu_idle_share"], **(packets or {}),
+            **({"cpu_steal_share": round(facts["cpu_steal_share"], 4)} if facts["cpu_steal_share"] is not None else {}),
             **({"cpu_idle_by_host": by_host, "cpu_idle_machine": tightest or None} if by_host else {}),
             "drops": sum(facts["link_drops"].values()), "marks": sum(facts["link_marks"].values())}
 

@@ -12,6 +12,9 @@ Checks, each a row of CHECKS (name → function of the point's facts → a reaso
 - CPU headroom: the host's idle share while the point ran (of a lab split over hosts, the
   least any host had: `cpu_idle_machine` names it). Below MIN_IDLE the agents and the
   kernel's shapers compete for the CPU, and the clock, not the link, may set the pace.
+- CPU steal: the share of the time a virtual machine's hypervisor gave its CPUs to others
+  (of a lab split over hosts, the most any host lost: `cpu_steal_machine`). Over MAX_STEAL
+  the lab's processes and timers waited for a CPU the idle share does not count.
 - Shaping: no link direction may carry more than its configured rate over the run (it would
   mean the shaper did not hold, so the figure is not that of the configured network).
 - Loss: qdisc drops over MAX_DROP_SHARE of a direction's packets: TCP's recovery, which the
@@ -27,6 +30,9 @@ import math
 from typing import Callable
 
 MIN_IDLE = 0.20
+# an idle machine of ours shows none (/proc/stat over a minute); a held-up one slows agents and
+# shapers alike, whatever its idle share says
+MAX_STEAL = 0.05
 MAX_OVERRATE = 1.05  # shaping granularity (HTB bursts) within a run of seconds
 MAX_DROP_SHARE = 0.01
 MAX_RATIO = 1.10
@@ -43,6 +49,15 @@ def _cpu(facts: dict) -> str | None:
         where = f" on host {machine}" if machine else ""
         return (f"CPU {idle:.0%} idle{where} while it ran (< {MIN_IDLE:.0%}): the machine, not the network, may "
                 "set the pace")
+    return None
+
+
+def _steal(facts: dict) -> str | None:
+    stolen, machine = facts.get("cpu_steal_share"), facts.get("cpu_steal_machine")
+    if _number(stolen) and stolen > MAX_STEAL:
+        where = f" of host {machine}" if machine else ""
+        return (f"the hypervisor held {stolen:.0%} of the CPU time{where} while it ran (> {MAX_STEAL:.0%}): the "
+                "machine, not the network, may set the pace")
     return None
 
 
@@ -115,16 +130,16 @@ def _whole(facts: dict) -> str:
 
 
 CHECKS: dict[str, Callable[[dict], str | None]] = {
-    "cpu": _cpu, "shaping": _shaping, "loss": _loss, "prediction": _prediction,
+    "cpu": _cpu, "steal": _steal, "shaping": _shaping, "loss": _loss, "prediction": _prediction,
 }
 
 
-MACHINE = ("cpu", "shaping", "loss")  # the checks that say the machine, not the network, set the pace
+MACHINE = ("cpu", "steal", "shaping", "loss")  # the checks that say the machine, not the network, set the pace
 
 
 def judge(facts: dict) -> dict:
     """{"verdict": "ok" | "degraded" | "model off", "reasons": [...]} of a point's facts:
-    cpu_idle_share, seconds (wall time of the run), rate_bytes_per_s (configured),
+    cpu_idle_share, cpu_steal_share, seconds (wall time of the run), rate_bytes_per_s (configured),
     link_bytes, link_packets, link_drops (per direction, over the run) and ratio; what explains
     a ratio: smallest_transfer_bytes, super_packet_bytes, entry_spread_s ({measured,
     predicted} seconds) and sync_s (measured per synchronisation). A missing fact skips its

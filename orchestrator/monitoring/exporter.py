@@ -126,17 +126,28 @@ def process_usage(pid: int) -> tuple[float, int]:
 
 
 def host_cpu() -> dict[str, float]:
-    """The host's CPU seconds, all CPUs together: idle (idle + iowait) and busy (the rest)."""
+    """The host's CPU seconds, all CPUs together: idle (idle + iowait), busy (user to softirq)
+    and steal (time a virtual machine's hypervisor gave its CPUs to others: neither idle nor
+    busy, so an idle share alone does not show a machine whose host is oversubscribed)."""
     with open("/proc/stat") as handle:
-        ticks = [int(v) for v in handle.readline().split()[1:8]]
-    idle = ticks[3] + ticks[4]
-    return {"idle": idle / TICKS, "busy": (sum(ticks) - idle) / TICKS}
+        ticks = [int(v) for v in handle.readline().split()[1:9]] + [0]  # steal: a kernel that has it
+    idle, busy = ticks[3] + ticks[4], sum(ticks[:7]) - ticks[3] - ticks[4]
+    return {"idle": idle / TICKS, "busy": busy / TICKS, "steal": ticks[7] / TICKS}
 
 
 def idle_share(before: dict[str, float], after: dict[str, float]) -> float | None:
     """The idle share of the CPU between two `host_cpu()` readings (None: no time between)."""
     idle, busy = (after[mode] - before[mode] for mode in ("idle", "busy"))
     return idle / (idle + busy) if idle + busy > 0 else None
+
+
+def steal_share(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The share of the CPU's time a hypervisor held between two `host_cpu()` readings (None:
+    no time between, or a reading without steal)."""
+    if "steal" not in before or "steal" not in after:
+        return None
+    idle, busy, steal = (after[mode] - before[mode] for mode in ("idle", "busy", "steal"))
+    return steal / (idle + busy + steal) if idle + busy + steal > 0 else None
 
 class FabricCollector(Collector):
     """Reads the lab's links at every collect(); one scrape at a time."""

@@ -132,8 +132,9 @@ def test_alpha_kept_per_lab_and_transport_is_what_plans_and_dry_runs_use(state):
 
 def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
     """A kept α measured while the CPU had less than the verdict's idle share (the agents
-    waiting for a core, fitted as latency) is not used: the run measures it again. One
-    measured quiet is used, and so is one kept before the share was recorded."""
+    waiting for a core, fitted as latency), or while a hypervisor held more of its time than
+    the verdict's MAX_STEAL, is not used: the run measures it again. One measured quiet is
+    used, and so is one kept before the share was recorded."""
     netns = lab_from_argument("bcube,2,1", **{"servers.runtime": "netns"})
     docker = netns.model_copy(update={"servers": netns.servers.model_copy(update={"runtime": "docker"})})
     calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.05})
@@ -147,6 +148,13 @@ def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
     calibrate.save_latency(netns, "tcp", MEASURED)  # kept before the share was recorded
     assert calibrate.latency_for(netns, "tcp") == (0.0015, 2, 0.0002)
     assert "busy" not in calibrate.describe_latency({**MEASURED, "cpu_idle_share": 0.6})
+    # idle, yet a hypervisor held the CPU a while: what the agents waited for is not latency
+    calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.6, "cpu_steal_share": 0.2})
+    assert calibrate.latency_for(netns, "tcp") == (0.0004, 2, 0.0002)  # the docker one, borrowed
+    assert "20% held by the hypervisor: too busy" in calibrate.describe_latency(
+        {**MEASURED, "cpu_idle_share": 0.6, "cpu_steal_share": 0.2})
+    calibrate.save_latency(netns, "tcp", {**MEASURED, "cpu_idle_share": 0.6, "cpu_steal_share": 0.01})
+    assert calibrate.latency_for(netns, "tcp") == (0.0015, 2, 0.0002)
 
 
 @pytest.mark.parametrize("content, field", [
@@ -161,6 +169,8 @@ def test_an_alpha_measured_on_a_busy_machine_is_measured_again(state):
      '"cpu_idle_share": 1.5}}}}', "cpu_idle_share"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2, '
      '"cpu_idle_share": "0.5"}}}}', "cpu_idle_share"),
+    ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "cores": 2, '
+     '"cpu_steal_share": -0.1}}}}', "cpu_steal_share"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "peer_s": -0.1, '
      '"cores": 2}}}}', "peer_s"),
     ('{"labs": {"star-4 netns": {"tcp": {"alpha_s": 0, "pingpong_s": 0, "allreduce_s": 0, "mesh_s": true, '

@@ -19,6 +19,7 @@ def test_a_clean_point_is_ok():
 
 @pytest.mark.parametrize("change, words", [
     ({"cpu_idle_share": 0.05}, "5% idle"),
+    ({"cpu_steal_share": 0.3}, "the hypervisor held 30% of the CPU time while it ran"),
     ({"link_bytes": {"h0→sw": 140e6}}, "link h0→sw carried 1.12×"),
     ({"link_drops": {"sw→h1": 1200}}, "link sw→h1 dropped 2.0%"),
 ])
@@ -51,6 +52,54 @@ def test_a_busy_machine_is_blamed_before_the_model():
     judged = judge(GOOD | {"ratio": 0.7, "cpu_idle_share": 0.05})
     assert judged["verdict"] == "degraded" and len(judged["reasons"]) == 2
     assert not any("model is off" in reason for reason in judged["reasons"])
+
+
+def test_stolen_cpu_degrades_a_point_its_idle_share_calls_quiet():
+    """A virtual machine whose host gives its CPUs to others counts that time as neither idle
+    nor busy: the idle share looks quiet while agents and shapers wait. Over MAX_STEAL the
+    point is degraded, whatever its ratio; at the bar, or unknown, or not a number, it is not."""
+    from orchestrator.experiment.verdict import MAX_STEAL
+
+    held = judge(GOOD | {"ratio": 1.36, "cpu_steal_share": 0.25, "cpu_steal_machine": "b"})
+    assert held["verdict"] == "degraded" and len(held["reasons"]) == 2, held
+    assert "held 25% of the CPU time of host b" in held["reasons"][0]
+    assert not any("model is off" in reason for reason in held["reasons"])
+    for quiet in (MAX_STEAL, 0.0, None, float("nan"), True):
+        assert judge(GOOD | {"cpu_steal_share": quiet})["verdict"] == "ok", quiet
+
+
+def test_the_runner_reads_stolen_time_from_the_cpu_counters():
+    """_judge takes the steal share from the machines' CPU seconds (the most any machine lost,
+    named on a split lab), keeps it with the verdict, and says nothing of it when a reading
+    has no steal (a kernel or host that does not count it)."""
+    from orchestrator.experiment.runner import _judge
+
+    def counters(here: tuple[float, float, float], hosts: dict[str, tuple[float, float, float]]) -> dict:
+        def cpu(idle, busy, steal):
+            return {"idle": idle, "busy": busy, "steal": steal}
+        return {"cpu": cpu(*here), "bytes": {}, "packets": {}, "drops": {}, "marks": {},
+                "host_cpus": {host: cpu(*v) for host, v in hosts.items()}}
+
+    before = counters((0.0, 0.0, 0.0), {"x": (0.0, 0.0, 0.0)})
+    after = counters((8.0, 1.0, 1.0), {"x": (6.0, 1.0, 3.0)})  # this machine lost 10 %, host x 30 %
+    judged = _judge({"wall_s": 1.0, "ratio": 1.0}, before, after, 1e6)
+    assert judged["verdict"] == "degraded" and judged["cpu_steal_share"] == 0.3, judged
+    assert any("of host x" in reason for reason in judged["reasons"]), judged["reasons"]
+    unknown = {**after, "cpu": {"idle": 9.0, "busy": 1.0}, "host_cpus": {}}
+    judged = _judge({"wall_s": 1.0, "ratio": 1.0}, {**before, "host_cpus": {}}, unknown, 1e6)
+    assert judged["verdict"] == "ok" and "cpu_steal_share" not in judged, judged
+
+
+def test_host_cpu_reads_steal_beside_idle_and_busy():
+    """/proc/stat's eighth column is steal: host_cpu keeps it apart from idle and busy, and
+    steal_share is its part of all three between two readings."""
+    from orchestrator.monitoring.exporter import host_cpu, steal_share
+
+    reading = host_cpu()
+    assert set(reading) == {"idle", "busy", "steal"} and all(v >= 0 for v in reading.values())
+    assert steal_share({"idle": 0.0, "busy": 0.0, "steal": 0.0}, {"idle": 6.0, "busy": 2.0, "steal": 2.0}) == 0.2
+    assert steal_share({"idle": 1.0, "busy": 1.0}, {"idle": 2.0, "busy": 2.0}) is None
+    assert steal_share(reading, reading) is None
 
 
 def test_the_band_edges_are_ok():
