@@ -406,7 +406,6 @@ def save(calibration: Calibration) -> Path:
 def need(prediction, topology, transport: str, calibration: Calibration):
     """cost.cpu.CpuNeed of one allreduce on `topology`, with the verdict's idle share kept."""
     from orchestrator.cost.cpu import cpu_need
-    from orchestrator.experiment.verdict import MAX_STEAL, MIN_IDLE
 
     return cpu_need(prediction, calibration, transport, {s.name for s in topology.servers}, MIN_IDLE)
 

@@ -149,6 +149,7 @@ def steal_share(before: dict[str, float], after: dict[str, float]) -> float | No
     idle, busy, steal = (after[mode] - before[mode] for mode in ("idle", "busy", "steal"))
     return steal / (idle + busy + steal) if idle + busy + steal > 0 else None
 
+
 class FabricCollector(Collector):
     """Reads the lab's links at every collect(); one scrape at a time."""
 
