@@ -99,7 +99,8 @@ def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterati
             "cpu_idle": round((after[1] - before[1]) / max(1e-9, after[0] - before[0]), 2),
             # how far apart the workers entered the timed allreduces, and the model's lockstep
             "entry_spread_ms": _ms(entry_spread(result.records(), ctx.workers, warmup)),
-            "predicted_entry_spread_ms": _ms(result.predicted.entry_spread)}
+            "predicted_entry_spread_ms": _ms(result.predicted.entry_spread),
+            "rendezvous": result.predicted.rendezvous}  # the run's sends waited for their receivers
 
 
 def _ms(seconds: float | None) -> float | None:

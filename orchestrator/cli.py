@@ -784,7 +784,7 @@ def predict(
         credit_bytes=parsed("--credit-bytes", credit_bytes, parse_size) or 0,
         chunk_bytes=lambda schedules, credit: chunk_bytes(schedules, credit, transport=transport),
         efficiency=efficiency, latency=alpha, cores=cores, peer_latency=peer,
-        send_buffer_bytes=chosen.send_buffer, hosts=_hosts(hosts),
+        send_buffer_bytes=chosen.send_buffer, rendezvous=chosen.rendezvous, hosts=_hosts(hosts),
     )
     if note and not as_json:  # once the prediction stands: bad input stays one line
         err.print(Text(note), highlight=False, soft_wrap=True)

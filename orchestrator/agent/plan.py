@@ -90,6 +90,10 @@ class Step:
     step: int
     sends: list[Send]
     recvs: list[Recv]
+    # rendezvous (Schedule.rendezvous): the ranks whose READY this step's sends to them wait
+    # for, and those this rank says READY to once it has entered the step
+    wait: frozenset = frozenset()
+    say: frozenset = frozenset()
 
 
 @dataclass
@@ -113,16 +117,22 @@ def peers(plans: list[PartitionPlan]) -> int:
                | {x.src for p in plans for s in p.steps for x in s.recvs})
 
 
-def build_rank_plans(schedules, ranks: int, shares: dict | None = None, link_rate: float = 0.0) -> list[str]:
+def build_rank_plans(schedules, ranks: int, shares: dict | None = None, link_rate: float = 0.0,
+                     rendezvous: bool = False) -> list[str]:
     """JSON plans for ranks 0..ranks-1 from [(Partition, Schedule)] in priority order.
 
     `shares`: {(partition index, step, Transfer): share of the link} for transfers to pace
     (cost.shares), `link_rate` the payload bytes per second of one link; a send with a
-    share under 1 carries it as a sixth field."""
+    share under 1 carries it as a sixth field. `rendezvous` (the compiled run's, as its
+    transport does and the model predicts): each step names the ranks its sends wait for
+    (`wait`) and those it says READY to (`say`), from Schedule.rendezvous."""
     shares = shares or {}
     plans: list[list[dict]] = [[] for _ in range(ranks)]
     for index, (part, schedule) in enumerate(schedules):
         per_rank: list[dict[int, dict]] = [{} for _ in range(ranks)]
+        for step_no, src, dst in schedule.rendezvous() if rendezvous else ():
+            per_rank[src].setdefault(step_no, {"step": step_no, "send": [], "recv": []}).setdefault("wait", []).append(dst)
+            per_rank[dst].setdefault(step_no, {"step": step_no, "send": [], "recv": []}).setdefault("say", []).append(src)
         for step_no, transfer in schedule.transfers():
             send_step = per_rank[transfer.src].setdefault(step_no, {"step": step_no, "send": [], "recv": []})
             send = [transfer.dst, transfer.offset, transfer.length, int(transfer.op == "copy"),
@@ -146,7 +156,8 @@ def parse(text: str) -> list[PartitionPlan]:
         PartitionPlan(
             p["index"], p["offset"], p["length"], p["priority"],
             [Step(s["step"], [Send(d, o, c, bool(cp), nic, *share) for d, o, c, cp, nic, *share in s["send"]],
-                  [Recv(src, o, c) for src, o, c in s["recv"]])
+                  [Recv(src, o, c) for src, o, c in s["recv"]], frozenset(s.get("wait", ())),
+                  frozenset(s.get("say", ())))
              for s in p["steps"]],
         )
         for p in data["partitions"]

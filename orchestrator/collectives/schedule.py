@@ -117,6 +117,28 @@ class Schedule:
             for transfer in step:
                 yield index, transfer
 
+    def rendezvous(self) -> set[tuple[int, int, int]]:
+        """(step, src, dst) of the transfers that wait for their receiver to enter the step,
+        over a transport with a rendezvous (tcp's READY): those into a rank that heard, in an
+        earlier step, from a rank that does not send to it in this one. Such a sender would
+        otherwise share the receiver's downlink with a transfer of the step before
+        (halving-doubling's partners); a receiver that hears from the same ranks step after
+        step (a ring, a mesh, a parameter server) gets their data in order on each
+        connection anyway, and is sent to eagerly."""
+        heard: dict[int, set[int]] = {}  # rank → who sent to it in earlier steps
+        waits = set()
+        for index, step in enumerate(self.steps):
+            now: dict[int, set[int]] = {}
+            for t in step:
+                if t.src != t.dst:
+                    now.setdefault(t.dst, set()).add(t.src)
+            for dst, sources in now.items():
+                if heard.get(dst, set()) - sources:
+                    waits.update((index, src, dst) for src in sources)
+            for dst, sources in now.items():
+                heard.setdefault(dst, set()).update(sources)
+        return waits
+
     def bytes_sent(self, itemsize: int = 4) -> list[int]:
         """Bytes each rank sends over the whole schedule."""
         sent = [0] * self.ranks

@@ -256,7 +256,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
             algorithm, ctx, size, parts, nodes=lambda ranks: _rank_nodes(ctx, endpoints, ranks)[0],
             given={e.rank for e in endpoints}, credit_bytes=credit_bytes,
             chunk_bytes=how.chunk_bytes or chunk_bytes_for(how.transport),
-            send_buffer_bytes=transports.get(how.transport).send_buffer)
+            send_buffer_bytes=transports.get(how.transport).send_buffer,
+            rendezvous=transports.get(how.transport).rendezvous)
     except RankMismatch as exc:
         raise RunError(str(exc)) from None
     except ValueError as exc:
@@ -270,8 +271,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
     span.predicted = predicted
     paced = predicted is not None and how.pace and in_lab
     # in a lab, each connection paced at its fair share (agent/pacing.py says why)
-    plans = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate) if paced \
-        else build_rank_plans(schedules, ranks)
+    plans = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate, compiled.meets) if paced \
+        else build_rank_plans(schedules, ranks, rendezvous=compiled.meets)
     hashed = predicted is not None and in_lab and how.flow_paths is not None and ctx.topology.has_ecmp
     path_of = _path_finder(ctx) if in_lab else None
     run_id = uuid.uuid4().hex[:12]
@@ -312,7 +313,8 @@ def _attempt(how: _How, ctx: Context, endpoints: list[Endpoint], specs: dict[int
                                    Routes(ctx.topology, _pinned(_flow_paths(how.flow_paths, wanted), ctx.topology)))
             predicted = span.predicted = compiled.prediction
             if paced:
-                repaced = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate)
+                repaced = build_rank_plans(schedules, ranks, compiled.shares(), network.payload_rate,
+                                           compiled.meets)
         stall_timeout = how.stall_timeout or default_stall_timeout(predicted)
         # all ranks enter the first iteration together, once every Start has arrived
         start_at = time.time() + START_MARGIN_SECONDS
@@ -560,7 +562,8 @@ def _as_planned(how: _How, ctx: Context, endpoints: list[Endpoint], parts: list)
     given = how.compiled
     if given is None or given.algorithm != how.algorithm or given.credit_bytes != how.credit_bytes:
         return None
-    if given.send_buffer_bytes != transports.get(how.transport).send_buffer or not given.schedules:
+    chosen = transports.get(how.transport)
+    if given.send_buffer_bytes != chosen.send_buffer or given.rendezvous != chosen.rendezvous or not given.schedules:
         return None
     chunk = how.chunk_bytes or chunk_bytes_for(how.transport)(given.schedules, how.credit_bytes)
     if chunk != given.chunk_bytes or len(given.schedules[0][1].workers) != ctx.workers:

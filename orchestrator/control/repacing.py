@@ -71,7 +71,7 @@ class Repacer:
         if topology.rates == self.rates:
             return
         plans = build_rank_plans(self.compiled.schedules, self.compiled.ranks, self.compiled.shares(topology),
-                                 self.compiled.network.payload_rate)
+                                 self.compiled.network.payload_rate, self.compiled.meets)
         changed = plans != self.plans
         self.rates = dict(topology.rates)
         if not changed:  # links this run does not cross

@@ -38,9 +38,17 @@ class CompiledRun:
     chunk_bytes: int  # the agents' message size
     credit_bytes: int
     send_buffer_bytes: int  # what the transport holds once handed over (the model counts it sent)
+    rendezvous: bool = False  # the transport lets a send wait for its receiver to enter its step
     network: Network | None = None
     routes: Routes | None = None  # what the prediction mapped the transfers onto
     prediction: Prediction | None = None
+
+    @property
+    def meets(self) -> bool:
+        """Do its sends wait for their receivers (what the agents' plans say)? As its
+        prediction chose (predict_schedules: where the model finds it pays); unpredicted, as
+        the transport offers."""
+        return self.prediction.rendezvous if self.prediction is not None else self.rendezvous
 
     @property
     def ranks(self) -> int:
@@ -76,6 +84,7 @@ class CompiledRun:
         routes = routes or Routes(topology)
         prediction = predict_schedules(topology, self.schedules, list(self.nodes), network, self.chunk_bytes,
                                        self.credit_bytes, routes=routes, send_buffer_bytes=self.send_buffer_bytes,
+                                       rendezvous=self.meets, choose=self.prediction is None,
                                        compute_s=compute_s, attribute=attribute, compute=compute, warmup=warmup)
         return dataclasses.replace(self, network=network, routes=routes, prediction=prediction)
 
@@ -97,7 +106,7 @@ def smallest_transfer_bytes(schedules: Schedules, itemsize: int = 4) -> int:
 def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Partition], *,
                 nodes: Sequence[str] | Callable[[int], Sequence[str]], given: Collection[int] | None = None,
                 credit_bytes: int = 0, chunk_bytes: int | Callable[[Schedules, int], int] | None = None,
-                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+                send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES, rendezvous: bool = False,
                 prediction_only: bool = False) -> CompiledRun:
     """The schedules of `algorithm` over `ctx` for `elements` gradient elements in `parts`.
 
@@ -117,7 +126,7 @@ def compile_run(algorithm: str, ctx: Context, elements: int, parts: Sequence[Par
     if callable(chunk_bytes):
         chunk_bytes = chunk_bytes(schedules, credit_bytes)
     return CompiledRun(algorithm, schedules, tuple(placed[:ranks]), chunk_bytes or DEFAULT_CHUNK_BYTES, credit_bytes,
-                       send_buffer_bytes)
+                       send_buffer_bytes, rendezvous)
 
 
 def over_servers(topology: Topology, algorithm: str, size_bytes: int, workers: int | None = None,
@@ -125,7 +134,7 @@ def over_servers(topology: Topology, algorithm: str, size_bytes: int, workers: i
                  **compiling) -> CompiledRun:
     """The run the driver would compile over `topology`'s servers: workers first, in server
     order, then parameter servers. `compiling`: compile_run's credit_bytes, chunk_bytes,
-    send_buffer_bytes and prediction_only. ValueError for an unknown algorithm, options it
+    send_buffer_bytes, rendezvous and prediction_only. ValueError for an unknown algorithm, options it
     refuses, or too few servers."""
     servers = [s.name for s in topology.servers]
     workers = len(servers) if workers is None else workers
@@ -160,11 +169,14 @@ def predict(
     credit_bytes: int = 0,
     chunk_bytes: int | Callable[[Schedules, int], int] = DEFAULT_CHUNK_BYTES,
     itemsize: int = 4,
+    rendezvous: bool = False,
 ) -> Prediction:
     """Predict `algorithm` allreducing `size_bytes` over the servers of `topology`.
 
     `chunk_bytes` is the agents' message size, or a function of (schedules, credit_bytes)
-    giving it (the driver's: `agent.plan.chunk_bytes`)."""
+    giving it (the driver's: `agent.plan.chunk_bytes`). `rendezvous`: as the tcp transport
+    sends (a step's send waits for its receiver to enter the step)."""
     run = over_servers(topology, algorithm, size_bytes, workers, options, partition_bytes, itemsize,
                        credit_bytes=credit_bytes, chunk_bytes=chunk_bytes)
-    return predict_schedules(topology, run.schedules, list(run.nodes), network, run.chunk_bytes, credit_bytes, itemsize)
+    return predict_schedules(topology, run.schedules, list(run.nodes), network, run.chunk_bytes, credit_bytes, itemsize,
+                             rendezvous=rendezvous)

@@ -120,7 +120,7 @@ def _simulate(routes, runs, schedules, nodes, network, credits, compute, counts,
     return simulate(routes, schedules, nodes, network, max(r.chunk_bytes for r in runs), next(iter(credits)),
                     receive_buffer_bytes=DEFAULT_RECEIVE_BUFFER_BYTES,
                     send_buffer_bytes=max(r.send_buffer_bytes for r in runs), iterations=max(counts),
-                    compute_s=seconds)
+                    compute_s=seconds, rendezvous=[r.meets for r in runs for _ in r.schedules])
 
 
 def _ends(run, span: range, count: int) -> list[float]:

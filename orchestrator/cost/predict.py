@@ -52,6 +52,9 @@ class Prediction:
     # how far apart the workers enter an allreduce back to back (the median over the ones in
     # a row): a symmetric schedule's lockstep keeps them together (None: not simulated)
     entry_spread: float | None = None
+    # its sends wait for their receivers (Schedule.rendezvous): offered by the transport and
+    # faster in the model than sending eagerly (`predict_schedules`)
+    rendezvous: bool = False
 
     @property
     def per_run(self) -> float:
@@ -96,6 +99,7 @@ class Prediction:
             "parts": self.parts,
             "model": self.model,
             "entry_spread_seconds": self.entry_spread,
+            "rendezvous": self.rendezvous,
         }
 
 
@@ -113,6 +117,8 @@ def predict_schedules(
     attribute: bool = False,
     compute: Sequence[Sequence[float]] | None = None,
     warmup: int = 0,
+    rendezvous: bool = False,
+    choose: bool = True,
 ) -> Prediction:
     """Predict one allreduce of [(Partition, Schedule)] with rank r on server `nodes[r]`, alone
     and `BACK_TO_BACK` of them in a row with `compute_s` before each (the latter left out beyond
@@ -124,14 +130,26 @@ def predict_schedules(
 
     Plans past the event simulation's budget (more than EVENT_TRANSFERS transfers or
     MAX_PATH_WORK path-search steps, or ModelTooLarge) take the step-level model
-    (`stepwise`): one allreduce, no stragglers."""
+    (`stepwise`): one allreduce, no stragglers, no rendezvous.
+
+    `rendezvous`: the transport lets a send wait for its receiver to enter the step
+    (Schedule.rendezvous marks which). With `choose`, the schedules take it unless the model
+    finds it slower than eager sends by more than MEETS_COST: it keeps halving-doubling's
+    changing partners off a downlink still busy with the step before (star,8 at 4 MiB:
+    1.75 S/B against 2.5), but it holds a pipelined tree's second child until the first
+    one's whole transfer is in. Prediction.rendezvous says which it took, and the agents'
+    plans follow it (CompiledRun.meets). Without `choose`, as given."""
     work = path_work(topology, schedules)
+    marked = rendezvous and any(schedule.rendezvous() for _, schedule in schedules)
+    # the step-level model has no rendezvous: chosen there, eager; given, it stays (the plans wait)
+    stepwise_meets = marked and not choose
     if sum(len(step) for _, schedule in schedules for step in schedule.steps) > EVENT_TRANSFERS \
             or work[0] > MAX_PATH_WORK:
-        return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
-                         attribute, work)
+        return dataclasses.replace(_by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes,
+                                             send_buffer_bytes, attribute, work), rendezvous=stepwise_meets)
     routes = routes or Routes(topology)
-    buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes}
+    buffers = {"receive_buffer_bytes": DEFAULT_RECEIVE_BUFFER_BYTES, "send_buffer_bytes": send_buffer_bytes,
+               "rendezvous": marked}
 
     def model(network: Network):
         """One allreduce alone, the time per allreduce in a row, and how far apart the
@@ -151,8 +169,24 @@ def predict_schedules(
     try:
         run, back_to_back, spread = model(network)
     except ModelTooLarge:
-        return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
-                         attribute, work)
+        if not (marked and choose):
+            return dataclasses.replace(_by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes,
+                                                 send_buffer_bytes, attribute, work), rendezvous=stepwise_meets)
+        run = None  # met, past the budget: eager may not be
+    if marked and choose:
+        buffers["rendezvous"] = False
+        try:
+            eager = model(network)
+        except ModelTooLarge:
+            eager = None
+        if eager is None and run is None:
+            return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
+                             attribute, work)
+        if run is None or (eager is not None and _takes_eager((run, back_to_back, spread), eager, schedules,
+                                                              itemsize)):
+            run, back_to_back, spread = eager
+        else:
+            buffers["rendezvous"] = True
     per_run = back_to_back if back_to_back is not None else run.seconds
     skew = None
     if compute is not None:
@@ -171,7 +205,49 @@ def predict_schedules(
         if skew is not None:
             parts["skew"] = skew
     return _prediction(schedules, network, routes, run.seconds, run.link_bytes, itemsize, run.events, back_to_back,
-                       parts, entry_spread=spread)
+                       parts, entry_spread=spread, rendezvous=buffers["rendezvous"])
+
+
+# How much slower than eager sends the model may find a rendezvous for a run still to take
+# it. In the model's lockstep the two often tie (HDRM on bigraph 4×2, 1 MB: 1.002 ×), but a
+# run's workers enter apart, and sent eagerly, a late rank's sends cross its partners' next
+# steps and the skew grows (0-40 ms apart: 1.3 × the lockstep's time; with the rendezvous
+# the ranks fall back in step). Where it costs more, eager: a pipelined tree, whose second
+# child waits for the first one's whole transfer (torus,3,2 at 25 MiB: 1.57 ×), or a
+# latency-bound exchange that pays the READY's way back each step (star,8 at 64 KiB: 1.11 ×).
+MEETS_COST = 0.03
+# Where the transfers that would wait are larger than MEETS_BYTES, the rendezvous must also be
+# MEETS_GAIN faster in the model than eager sends: each step then waits for its slowest pair
+# and for a READY queued behind up to half a megabyte of the receiver's own data (its
+# uplink's backlog, halving-doubling on star,8 at 25 MiB), which the model leaves out, while
+# eager sends overlap a step only by a message. star,8 at 25 MiB (12.5 MiB transfers, 3.8 %
+# faster in the model): 2.37 s with it against 2.05 s eager; at 2 MiB (the model: 29 %
+# faster) 0.174 s against 0.246 s; HDRM on bigraph 4×2 at 1 MB (transfers of at most 512 KiB,
+# a tie in the model) keeps its ranks in step with it.
+MEETS_BYTES = 2**20
+MEETS_GAIN = 0.10
+
+
+def _largest_meeting(schedules: Schedules, itemsize: int) -> int:
+    """Bytes of the largest transfer Schedule.rendezvous marks."""
+    largest = 0
+    for _, schedule in schedules:
+        marked = schedule.rendezvous()
+        for index, step in enumerate(schedule.steps):
+            for t in step:
+                if (index, t.src, t.dst) in marked:
+                    largest = max(largest, t.length * itemsize)
+    return largest
+
+
+def _takes_eager(met: tuple, eager: tuple, schedules: Schedules, itemsize: int) -> bool:
+    """Of the model's (run, back to back, spread) with and without the rendezvous: is eager
+    the run's choice (MEETS_COST, MEETS_GAIN over MEETS_BYTES)? Both held on the same measure:
+    back to back where both have it, else one allreduce alone."""
+    both = met[1] is not None and eager[1] is not None
+    with_it, without = (met[1], eager[1]) if both else (met[0].seconds, eager[0].seconds)
+    return with_it > without * (1 + MEETS_COST) or (
+        with_it > without * (1 - MEETS_GAIN) and _largest_meeting(schedules, itemsize) > MEETS_BYTES)
 
 
 def _workers(schedules: Schedules) -> int:
@@ -205,7 +281,7 @@ def _parts(per_run: float, without: float, link_bytes: list[float], capacities: 
 
 def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds: float, link_bytes: list[float],
                 itemsize: int, events: int, back_to_back: float | None, parts: dict | None,
-                model: str = "event", entry_spread: float | None = None) -> Prediction:
+                model: str = "event", entry_spread: float | None = None, rendezvous: bool = False) -> Prediction:
     capacities = routes.capacities(network)
     size = sum(part.length for part, _ in schedules) * itemsize
     workers = _workers(schedules)
@@ -216,7 +292,7 @@ def _prediction(schedules: Schedules, network: Network, routes: Routes, seconds:
         key=lambda load: (-load.bytes, load.link),
     )
     return Prediction(algorithm, seconds, size, workers, network, tuple(loads), events, back_to_back, parts, model,
-                      entry_spread)
+                      entry_spread, rendezvous)
 
 
 # Transfers past which a prediction takes the step-level model: what a run's agents may hold

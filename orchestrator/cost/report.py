@@ -81,6 +81,7 @@ def predict_lab(
     cores: int | None = None,
     peer_latency: float = 0.0,
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+    rendezvous: bool = False,
     hosts: list | None = None,
 ) -> Report:
     """Predict `algorithm` over `lab`'s servers; BadUsage (one line) for what cannot run.
@@ -101,7 +102,7 @@ def predict_lab(
     def compiled(partition: int | None) -> CompiledRun:
         return over_servers(topology, algorithm, size_bytes, workers, options, partition, credit_bytes=credit_bytes,
                             chunk_bytes=chunk_bytes, send_buffer_bytes=send_buffer_bytes,
-                            prediction_only=True)
+                            rendezvous=rendezvous, prediction_only=True)
 
     routes = None
     if hosts:

@@ -11,6 +11,11 @@ What it honours, as agent/engine.py and the kernel's sockets do:
   `send_buffer_bytes` of it wait to (its socket's send buffer): its next step's sends
   start then (the sends of one step run at once), and queue behind what is left of the
   earlier ones to the same peer;
+- a rendezvous (`rendezvous`, the tcp transport's READY): a transfer Schedule.rendezvous
+  marks (into a rank that heard, in an earlier step, from a rank not sending to it now)
+  leaves only once its receiver has applied those earlier receives and its word has come
+  back (its α and the path's delay), so a rank a step ahead does not share a downlink with
+  the step before (halving-doubling on star,8 at 4 MiB: 1.75 S/B, eager 2.5);
 - partitions start by priority, at most `credit_bytes` of them in flight per rank (a
   partition is in flight until its sends have arrived and its receives are applied);
 - iterations back to back: a rank enters the next once it is done with every partition of
@@ -116,6 +121,11 @@ class Flow:
     finished: float | None = None  # when its last chunk was applied
     held: bool = False  # its receiver has not entered its iteration yet
     ready_to: int = 0  # how far its receiver may apply it this event (set with `applied`)
+    # rendezvous: when its receiver had entered its step (every receive of an earlier step of
+    # the partition applied; None: not yet), and the receiver's word's way back (α + delay)
+    ready_at: float | None = None
+    back: float = 0.0
+    meets: bool = False  # it waits for its receiver at all (Schedule.rendezvous)
 
     size: float = 0.0  # bytes
     tolerance: float = 0.0  # bytes of float error below which it counts as there
@@ -295,6 +305,7 @@ class _Run:
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
         iterations: int = 1,
         compute_s: "float | Callable[[int, int], float]" = 0.0,
+        rendezvous: "bool | Sequence[bool]" = False,
     ) -> None:
         self.routes = routes
         self.network = network
@@ -303,6 +314,11 @@ class _Run:
         self.buffer = float(receive_buffer_bytes)
         self.send_buffer = float(send_buffer_bytes)
         self.flows: list[Flow] = []
+        # per schedule: do its sends take the rendezvous (jobs together: each its own)
+        self.meets_by = [rendezvous] * len(schedules) if isinstance(rendezvous, bool) else list(rendezvous)
+        if len(self.meets_by) != len(schedules):
+            raise ValueError(f"rendezvous: one flag per schedule ({len(schedules)}), got {len(self.meets_by)}")
+        self.rendezvous = rendezvous = any(self.meets_by)
         self.alpha = alphas(network, schedules)  # rank → its α, when peers cost (else network.latency)
         self.connections: dict[tuple[int, object], int] = {}  # (rank, peer address) → index
         self.usage: list = []
@@ -329,7 +345,7 @@ class _Run:
         self.cost = [part.length * itemsize for part, _ in schedules] * iterations
         for i in range(iterations):  # iteration i's partition p is index i·P + p
             for p, (_, schedule) in enumerate(schedules):
-                self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize)
+                self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize, self.meets_by[p])
         self.ranks = ranks
         self.fair = MaxMin(self.usage, self.capacity)
         # connections active together → their rates: a ring's steps share a few such sets
@@ -360,10 +376,58 @@ class _Run:
         self.events = 0
         self.work = 0  # flow updates so far: what the event loop's time grows with
         self.max_work = max_work
+        # (partition, rank) → its receives' steps in order, and per step the receives not
+        # applied by sender; the index of the first step with some left
+        self.receive_steps: dict[tuple[int, int], list[int]] = {}
+        self.receives_at: dict[tuple[int, int], dict[int, dict[int, int]]] = {}
+        self.entered_index: dict[tuple[int, int], int] = {}
+        self.blocked: dict[tuple[int, int], set[Flow]] = {}  # flows waiting for their receiver's step
+        self.into: dict[tuple[int, int], list[Flow]] = {}  # (partition, rank) → the transfers it receives
+        self.entered_at: dict[tuple[int, int], float] = {}  # (rank, iteration) → when it entered (else 0)
+        for flow in self.flows if rendezvous else ():
+            by_src = self.receives_at.setdefault((flow.partition, flow.dst), {}).setdefault(flow.step, {})
+            by_src[flow.src] = by_src.get(flow.src, 0) + 1
+            self.into.setdefault((flow.partition, flow.dst), []).append(flow)
+        for key, counts in self.receives_at.items():
+            self.receive_steps[key] = sorted(counts)
+            self.entered_index[key] = 0
+        self.senders_at: dict[tuple[int, int, int], frozenset] = {
+            (p, dst, step): frozenset(by_src) for (p, dst), counts in self.receives_at.items()
+            for step, by_src in counts.items()}
 
-    def _add(self, p: int, schedule: Schedule, nodes: Sequence[str], chunk: int, itemsize: int) -> None:
-        """The flows of partition `p`, each with the earlier ones it waits for (see `ranges`)."""
+    def _ready_time(self, flow: Flow) -> float:
+        """When `flow`'s receiver entered its step (`_receiver_ready` holds): it had entered
+        the iteration and applied the earlier receives the step waits for."""
+        when = self.entered_at.get((flow.dst, flow.partition // self.per_iteration), 0.0)
+        now = self.senders_at.get((flow.partition, flow.dst, flow.step), ())
+        for other in self.into.get((flow.partition, flow.dst), ()):
+            if other.step < flow.step and other.src not in now and other.finished is not None:
+                when = max(when, other.finished)
+        return when
+
+    def _receiver_ready(self, flow: Flow) -> bool:
+        """Whether `flow`'s receiver has applied every receive of the partition's earlier steps
+        from other senders than its own (those from its own sender come first on their
+        connection anyway): the receiver's READY for its step has gone out."""
+        key = (flow.partition, flow.dst)
+        steps = self.receive_steps.get(key, [])
+        counts, i = self.receives_at.get(key, {}), self.entered_index.get(key, 0)
+        while i < len(steps) and not any(counts[steps[i]].values()):
+            i += 1
+        self.entered_index[key] = i
+        now = self.senders_at.get((flow.partition, flow.dst, flow.step), ())
+        for step in steps[i:]:
+            if step >= flow.step:
+                return True
+            if any(n for src, n in counts[step].items() if src not in now):
+                return False
+        return True
+
+    def _add(self, p: int, schedule: Schedule, nodes: Sequence[str], chunk: int, itemsize: int, meets: bool) -> None:
+        """The flows of partition `p`, each with the earlier ones it waits for (see `ranges`);
+        `meets`: its sends take the rendezvous."""
         routes, network = self.routes, self.network
+        meeting = schedule.rendezvous() if meets else set()
         received: dict[int, Ranges] = {}  # rank → latest receives by range
         written: dict[int, Ranges] = {}  # rank → sends by range since its latest receive there
         for step_no, step in enumerate(schedule.steps):
@@ -381,6 +445,8 @@ class _Run:
                     self.usage.append(usage)
                 flow = Flow(p, step_no, t.src, t.dst, t.offset, t.end, chunk, itemsize, connection,
                             alpha * (position + 1) + network.delay * hops, len(self.flows) + len(flows))
+                flow.back = self.alpha.get(t.dst, network.latency) + network.delay * hops
+                flow.meets = (step_no, t.src, t.dst) in meeting
                 flow.send_after = received.setdefault(t.src, Ranges()).touching(t.offset, t.end)
                 flow.apply_after = received.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
                 flow.written_after = written.setdefault(t.dst, Ranges()).touching(t.offset, t.end)
@@ -484,6 +550,7 @@ class _Run:
         self.timers = [(at, rank) for at, rank in self.timers if at > self.now]
         for _, rank in due:
             self.entered[rank] += 1
+            self.entered_at[(rank, self.entered[rank])] = self.now
             for flow in self.live.values():  # what was held for it may be applied now
                 if flow.dst == rank:
                     self.dirty = min(self.dirty, flow.index)
@@ -511,6 +578,14 @@ class _Run:
         del order[bisect.bisect_left(order, flow.index)]
         key = (flow.partition, flow.dst)
         self.receives_left[key] -= 1
+        if self.rendezvous:
+            counts = self.receives_at[key][flow.step]
+            counts[flow.src] -= 1
+            if counts[flow.src] == 0:
+                for waiting in self.blocked.pop(key, ()):
+                    if waiting.ready_at is None and id(waiting) in self.live:  # (one let go meanwhile: not again)
+                        self.dirty = min(self.dirty, waiting.index)
+                        self._touch(waiting)
         self._maybe_done(*key)
 
     # -- the event loop -------------------------------------------------------------------
@@ -540,6 +615,11 @@ class _Run:
             lo, hi, chunk, itemsize = flow.lo, flow.hi, flow.chunk, flow.itemsize
             applied, handed = flow.applied, flow.handed
             flow.held = held = flow.partition // per_iteration > entered[flow.dst]
+            if flow.meets and flow.ready_at is None:
+                if held or not self._receiver_ready(flow):
+                    self.blocked.setdefault((flow.partition, flow.dst), set()).add(flow)
+                    continue  # nothing leaves before its receiver has entered the step
+                flow.ready_at = self._ready_time(flow)
             if not held:
                 limit = hi  # how far its receiver may apply it: earlier receives applied, earlier sends written
                 for other, a, b in flow.apply_after:
@@ -575,6 +655,8 @@ class _Run:
             flow.gate = max(flow.sent, min((clear - lo) * itemsize, room))
             if flow.flowing_at is None and flow.gate > 0:
                 flow.flowing_at = self.now + flow.lead
+                if flow.ready_at is not None:  # its sender writes once its receiver's word is back
+                    flow.flowing_at = max(self.now, flow.ready_at + flow.back) + flow.lead
             if flow.applied != applied:
                 for later in on_applied[index]:
                     if not queued[later]:
@@ -607,6 +689,8 @@ class _Run:
         whole once arrived (math.inf: another flow's event comes first)."""
         if flow.arrived is not None:
             return _reach(flow, flow.hi, memo)
+        if flow.meets and flow.ready_at is None:
+            return math.inf  # its receiver's earlier receives, or its entering, come first
         # the gate is the lower of what the sender holds and what the receiver takes: wait for
         # whichever binds to pass the next message boundary beyond it (an earlier guess is safe)
         at = flow.lo + int(flow.gate // flow.itemsize)
@@ -779,6 +863,7 @@ def simulate(
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     iterations: int = 1,
     compute_s: "float | Callable[[int, int], float]" = 0.0,
+    rendezvous: "bool | Sequence[bool]" = False,
 ) -> Simulation:
     """Simulate `iterations` allreduces of [(Partition, Schedule)] (priority order) back to
     back, with rank r on server `nodes[r]` of `routes.topology`: each rank enters the next
@@ -786,13 +871,15 @@ def simulate(
     first iteration on: stragglers), as the agents do. The buffers: how far
     a transfer may run ahead of its receiver applying it, and how much of it its sender may
     hand over before it leaves (both 0: a transfer flows only as fast as it is applied, and a
-    rank's next step waits for its sends to arrive). ModelTooLarge beyond `max_work` flow
-    updates."""
+    rank's next step waits for its sends to arrive). `rendezvous`: whether the sends
+    Schedule.rendezvous marks wait for their receivers, for all schedules or one flag per
+    schedule (jobs run together, each as its own prediction chose). ModelTooLarge beyond
+    `max_work` flow updates."""
     if iterations < 1:
         raise ValueError(f"iterations must be at least 1, got {iterations}")
     if receive_buffer_bytes < 0 or send_buffer_bytes < 0:
         raise ValueError("buffer sizes must not be negative")
     run = _Run(routes, schedules, nodes, network, chunk_bytes, credit_bytes, itemsize, max_work, receive_buffer_bytes,
-               send_buffer_bytes, iterations, compute_s)
+               send_buffer_bytes, iterations, compute_s, rendezvous)
     seconds = run.run()
     return Simulation(seconds, run.flows, run.link_bytes(), routes, run.events, run.exits, run.work)

@@ -323,7 +323,8 @@ def measure_latency(lab, endpoints, transport: str) -> dict[str, float]:
             costs = {"latency": value} if alpha is None else {"latency": alpha, "peer_latency": value}
             network = dataclasses.replace(links, cores=cores, **costs)
             return predict_schedules(lab.topology, schedules, list(nodes), network, chunk,
-                                     send_buffer_bytes=send_buffer).per_run
+                                     send_buffer_bytes=send_buffer,
+                                     rendezvous=transports.get(transport).rendezvous).per_run
 
         low, high = LATENCY_TIMED
         repeat = max(low, min(high, int(LATENCY_SECONDS / max(model(_GUESSED_ALPHA), 1e-6))))

@@ -95,13 +95,16 @@ def check(name: str, options: dict | None = None, agents: bool = True,
 
 
 def _predictions(verdict: Verdict, options: dict) -> None:
+    from orchestrator.agent import transports
     from orchestrator.cost.report import predict_lab
     from orchestrator.spec import lab_from_argument
 
+    tcp = transports.get("tcp")  # as the agents would run it by default
     for label in PREDICTED:
         lab = lab_from_argument(label, **{"links.bandwidth": PREDICT_RATE})
         try:
-            report = predict_lab(lab, verdict.name, PREDICT_BYTES, options=options)
+            report = predict_lab(lab, verdict.name, PREDICT_BYTES, options=options,
+                                 send_buffer_bytes=tcp.send_buffer, rendezvous=tcp.rendezvous)
         except TestbedError as exc:
             verdict.say(f"--   prediction on {label}: declined ({exc})")
             continue

@@ -322,7 +322,9 @@ def plan_points(spec: ExperimentSpec, points: list[RunPoint], source: str, machi
             groups.setdefault(p.point.group, []).append(index)
     for indices in groups.values():
         group = [planned[i] for i in indices]
-        compiled = [p.compiled or _compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None))
+        # a dropped compiled run is built again with its point's prediction: what it chose (meets)
+        compiled = [p.compiled or dataclasses.replace(
+                        _compiled(spec, p.point, p.layout, p.tensors, partitions(p.tensors, None)), prediction=p.prediction)
                     for p in group]
         try:
             predicted = jobs.predict_together(spec, group, compiled, topology_of(group[0].point.lab))
@@ -357,7 +359,8 @@ def _compiled(spec: ExperimentSpec, point: RunPoint, ranks: Layout, tensors: lis
     transport = spec.agents.transport
     return compile_run(point.algorithm.name, context(point, ranks), sum(tensors), parts, nodes=ranks.nodes,
                        given=range(len(ranks.nodes)), credit_bytes=point.partitioning.credit_bytes,
-                       chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer)
+                       chunk_bytes=chunk_bytes_for(transport), send_buffer_bytes=transports.get(transport).send_buffer,
+                       rendezvous=transports.get(transport).rendezvous)
 
 
 def compiled_point(spec: ExperimentSpec, planned: PlannedPoint) -> CompiledRun:

@@ -80,7 +80,7 @@ def _predicted_time(prediction) -> dict:
     and again after a run that knows more: `_predict_over`)."""
     return {"seconds": prediction.per_run, "alone_seconds": prediction.seconds, "algbw_bytes_per_s": prediction.algbw,
             "busbw_bytes_per_s": prediction.busbw, "link_bytes": prediction.link_bytes, "parts": prediction.parts,
-            "entry_spread_s": prediction.entry_spread}
+            "entry_spread_s": prediction.entry_spread, "rendezvous": prediction.rendezvous}
 
 
 def start_results(plan: Plan, source: Path) -> dict:

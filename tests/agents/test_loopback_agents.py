@@ -201,7 +201,8 @@ def test_a_run_given_its_compiled_run_runs_it_without_compiling_again(agents, mo
     given = compile_run("ring", ctx, sum(TENSORS), partitions(TENSORS, None),
                         nodes=lambda ranks: driver._rank_nodes(ctx, endpoints, ranks)[0], given=range(4),
                         chunk_bytes=chunk_bytes_for(transports.DEFAULT),
-                        send_buffer_bytes=transports.get(transports.DEFAULT).send_buffer)
+                        send_buffer_bytes=transports.get(transports.DEFAULT).send_buffer,
+                        rendezvous=transports.get(transports.DEFAULT).rendezvous)
     compiled_by_driver = []
     real = driver.compile_run
     monkeypatch.setattr(driver, "compile_run", lambda *a, **k: compiled_by_driver.append(a[0]) or real(*a, **k))

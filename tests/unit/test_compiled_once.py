@@ -75,8 +75,12 @@ def test_the_driver_runs_the_given_compiled_run_only_on_the_attempt_it_was_compi
     parts = partitions([4096, 4096], None)
     given = compile_run("ring", ctx, 8192, parts, nodes=lambda ranks: driver._rank_nodes(ctx, endpoints, ranks)[0],
                         given={0, 1, 2, 3}, chunk_bytes=chunk_bytes_for(transports.DEFAULT),
-                        send_buffer_bytes=transports.get(transports.DEFAULT).send_buffer)
+                        send_buffer_bytes=transports.get(transports.DEFAULT).send_buffer,
+                        rendezvous=transports.get(transports.DEFAULT).rendezvous)
     assert driver._as_planned(_how(given), ctx, endpoints, parts) is given
+    # compiled for a transport that sends eagerly, it is not this one's (nor its prediction)
+    eager = dataclasses.replace(given, rendezvous=not given.rendezvous)
+    assert driver._as_planned(_how(eager), ctx, endpoints, parts) is None
     assert driver._as_planned(_how(None), ctx, endpoints, parts) is None
     # another attempt: a rank without its agent, other servers, other partitions, another
     # algorithm, message size, credit or transport

@@ -235,6 +235,117 @@ def test_a_later_step_starts_once_the_earlier_ones_sends_are_handed_over():
     assert [f.flowing_at for f in result.flows] == [0.0, 0.0]
 
 
+def test_with_a_rendezvous_a_send_waits_for_its_receiver_to_enter_its_step():
+    # rank 0 sends 1000 B to rank 2 in step 0, rank 1 another 1000 B to rank 2 in step 1, at
+    # 1000 B/s per link. Eager, rank 1 (nothing to wait for) sends at once and both share
+    # sw→h2 to the end (2 s each); with a rendezvous it waits for rank 2 to have applied step
+    # 0's receive: 1 s, then 2 s, and the step-0 transfer keeps its link to itself
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 500)
+    schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
+    schedule.add_step([Transfer(1, 2, 250, 250, "reduce")])
+    nodes = [s.name for s in star.servers]
+    network = Network(8000, efficiency=1.0)
+    eager = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, rendezvous=False)
+    assert [f.finished for f in eager.flows] == [pytest.approx(2.0), pytest.approx(2.0)]
+    met = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, rendezvous=True)
+    assert [f.finished for f in met.flows] == [pytest.approx(1.0), pytest.approx(2.0)]
+    # the receiver's word takes its α and the path's delay back, then the sender's message its
+    # own α: the wait grows by both
+    slow = simulate(Routes(star), one_partition(schedule), nodes, Network(8000, efficiency=1.0, latency=0.1),
+                    2**30, rendezvous=True)
+    first, second = slow.flows
+    assert second.flowing_at == pytest.approx(first.finished + 0.2)
+
+
+def test_the_transfers_that_meet_their_receiver_are_those_into_a_rank_that_heard_from_others():
+    # rank 2 hears from 0, then from 1: 1 waits; a ring, a mesh and a parameter server hear
+    # from the same ranks step after step: none waits; halving-doubling on 8: every transfer
+    # after the first step
+    star = make_topology("star", servers=8)
+    schedule = Schedule("by-hand", 3, 500)
+    schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
+    schedule.add_step([Transfer(1, 2, 250, 250, "reduce"), Transfer(2, 0, 0, 250, "copy")])
+    assert schedule.rendezvous() == {(1, 1, 2)}
+    for algorithm, workers in (("ring", None), ("mesh", None), ("ps", 4)):
+        schedules, _ = build_schedules(star, algorithm, 4 * 2**20, workers)
+        assert all(not s.rendezvous() for _, s in schedules), algorithm
+    [(_, hd)] = build_schedules(star, "halving-doubling", 4 * 2**20)[0]
+    assert hd.rendezvous() == {(i, t.src, t.dst) for i, step in enumerate(hd.steps) if i for t in step}
+
+
+def test_with_a_rendezvous_halving_doubling_keeps_its_links_to_one_flow():
+    # eager, a step's first message leaves once the step before's first has landed, into a
+    # partner still receiving that step: two flows on its downlink (2.5 S/B on star,8 at 4
+    # MiB, 1 MiB messages); a rendezvous keeps each step's links to its own flow: a ring's
+    # 2(n − 1)/n
+    star = make_topology("star", servers=8)
+    schedules, nodes = build_schedules(star, "halving-doubling", 4 * 2**20)
+    eager, met = (in_units(simulate(Routes(star), schedules, nodes, IDEAL, 2**20, rendezvous=flag).seconds,
+                           4 * 2**20) for flag in (False, True))
+    assert eager > 2.2
+    assert met == pytest.approx(2 * 7 / 8, rel=1e-3)
+
+
+def test_a_run_takes_the_rendezvous_unless_the_model_finds_it_costs():
+    # offered the rendezvous, halving-doubling on star,8 at 4 MiB takes it (1.75 S/B against
+    # eager's 2.5), at 25 MiB not (a few % in the model, transfers over MEETS_BYTES); a binomial tree would hold its second child until the first one's whole
+    # transfer is in (a pipelined tree: much slower), so it sends eagerly, and so does a
+    # latency-bound exchange (64 KiB with α 150 µs: each step pays the READY's way back);
+    # the compiled run's plan follows the prediction's choice, and a run predicted again
+    # keeps it
+    from orchestrator.cost.compiled import over_servers
+    from orchestrator.cost.predict import MEETS_BYTES, MEETS_COST, MEETS_GAIN, _largest_meeting
+
+    star = make_topology("star", servers=8)
+    slow = Network(RATE, efficiency=1.0, latency=150e-6)
+    for algorithm, size, network, met in (("halving-doubling", 4 * 2**20, IDEAL, True),
+                                          ("tree", 4 * 2**20, IDEAL, False),
+                                          ("halving-doubling", 2**16, slow, False),
+                                          ("halving-doubling", 25 * 2**20, slow, False)):
+        run = over_servers(star, algorithm, size, rendezvous=True, prediction_only=True)
+        chosen = run.predicted(network, star)
+        assert chosen.prediction.rendezvous is met and chosen.meets is met, algorithm
+        both = [predict_schedules(star, run.schedules, list(run.nodes), network, run.chunk_bytes,
+                                  rendezvous=flag, choose=False).per_run for flag in (False, True)]
+        assert chosen.prediction.per_run == pytest.approx(both[1] if met else both[0])
+        # taken unless it costs more than MEETS_COST, and for transfers over MEETS_BYTES only
+        # if it gains MEETS_GAIN (at 25 MiB it is faster in the model, by less)
+        large = _largest_meeting(run.schedules, 4) > MEETS_BYTES
+        assert (both[1] <= both[0] * ((1 - MEETS_GAIN) if large else (1 + MEETS_COST))) is met, (algorithm, both)
+        if size == 25 * 2**20:
+            assert both[1] < both[0]
+    # a run predicted again (other routes, another α) keeps what its plans were built with
+    chosen = over_servers(star, "halving-doubling", 4 * 2**20, rendezvous=True, prediction_only=True).predicted(
+        IDEAL, star)
+    laggy = Network(RATE, efficiency=1.0, latency=0.05)
+    assert chosen.meets and not over_servers(star, "halving-doubling", 4 * 2**20, rendezvous=True,
+                                             prediction_only=True).predicted(laggy, star).meets
+    again = chosen.predicted(laggy, star)
+    assert again.meets and again.prediction.rendezvous
+    # not offered: never; nothing marked (a ring): not taken, the plan has nothing to wait for
+    run = over_servers(star, "halving-doubling", 4 * 2**20, rendezvous=False, prediction_only=True)
+    assert not run.predicted(IDEAL, star).meets
+    ring = over_servers(star, "ring", 4 * 2**20, rendezvous=True, prediction_only=True)
+    assert ring.meets and not ring.predicted(IDEAL, star).meets
+
+
+def test_jobs_together_take_the_rendezvous_each_as_its_own_run_chose():
+    # two copies of the by-hand schedule (rank 1's send into rank 2 waits for rank 2's step)
+    # simulated together: the first takes the rendezvous, the second sends eagerly
+    star = make_topology("star", servers=3)
+    schedule = Schedule("by-hand", 3, 500)
+    schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
+    schedule.add_step([Transfer(1, 2, 250, 250, "reduce")])
+    nodes = [s.name for s in star.servers]
+    network = Network(8000, efficiency=1.0)
+    both = [(Partition(0, 250, 0), schedule), (Partition(250, 250, 1), schedule)]
+    run = simulate(Routes(star), both, nodes, network, 2**30, rendezvous=[True, False])
+    assert [f.meets for f in run.flows] == [False, True, False, False]
+    with pytest.raises(ValueError, match="one flag per schedule"):
+        simulate(Routes(star), both, nodes, network, 2**30, rendezvous=[True])
+
+
 def test_bytes_cross_into_the_receivers_buffer_before_they_may_be_applied():
     # step 0: rank 1 sends [0, 250) to rank 0; step 1: rank 2 sends the same range to rank 1,
     # which may apply it only once its own send of that range is written. Without buffers the

@@ -50,7 +50,8 @@ def _start(rank: int, workers: int, size: int) -> np.ndarray:
 def _plans(algorithm: str, ctx: Context, size: int, part_bytes=None):
     schedules = registry.schedules(algorithm, ctx, size, partitions([size], part_bytes))
     ranks = max(max(t.dst, t.src) for _, s in schedules for _, t in s.transfers()) + 1
-    return [plan_format.parse(p) for p in plan_format.build_rank_plans(schedules, ranks)]
+    # with the rendezvous the tcp transport keeps: halving-doubling's sends wait for READYs
+    return [plan_format.parse(p) for p in plan_format.build_rank_plans(schedules, ranks, rendezvous=True)]
 
 
 async def _allreduce(algorithm: str, ctx: Context, size: int, *, python_ranks=(), part_bytes=None, credit=0,
@@ -142,8 +143,14 @@ class _LoneRank:
 
     SIZE, CHUNK = 64, 16  # elements
 
+    def __init__(self, python: bool = False, meet: bool = False) -> None:
+        self.kind = Engine if python else NativeEngine  # rank 0's: the Python path's, or the native one
+        self.meet = meet  # every step meets rank 1: its sends wait for rank 1's READY, it says READY to it
+
     async def __aenter__(self):
         plans = _plans("ring", Context(2), self.SIZE)
+        for step in (step for plan in plans[0] for step in plan.steps) if self.meet else ():
+            step.wait = step.say = frozenset({1})
 
         async def engine_for(run_id):
             return self.engine
@@ -153,8 +160,8 @@ class _LoneRank:
         ports = [own, self.sink.getsockname()[1]]
         peers = {r: {"address": f"127.0.0.1:{ports[r] - tcp.PORT_OFFSET}", "by_nic": {}, "node": f"h{r}"}
                  for r in range(2)}
-        self.engine = NativeEngine("run", 0, plans[0], np.ones(self.SIZE, np.float32), peers, self.CHUNK * 4, 0,
-                                   lambda *_: None, transport="tcp")
+        self.engine = self.kind("run", 0, plans[0], np.ones(self.SIZE, np.float32), peers, self.CHUNK * 4, 0,
+                                lambda *_: None, transport="tcp")
         await self.listener.start()
         loop = asyncio.get_running_loop()
         accepting = loop.sock_accept(self.sink)
@@ -173,8 +180,10 @@ class _LoneRank:
     def refusal(self) -> str:
         """The REFUSE rank 0 answers with (it then closes the connection)."""
         self.peer.settimeout(10)
-        head = self.peer.recv(tcp.HEAD.size, socket.MSG_WAITALL)
-        kind, *_, count = tcp.HEAD.unpack(head)
+        kind = tcp.READY
+        while kind == tcp.READY:  # (rank 0 says READY for each step it enters: before, or not)
+            head = self.peer.recv(tcp.HEAD.size, socket.MSG_WAITALL)
+            kind, *_, count = tcp.HEAD.unpack(head)
         assert kind == tcp.REFUSE
         reason = self.peer.recv(count, socket.MSG_WAITALL).decode()
         try:  # and closed (reset, when what this test wrote was not all read)
@@ -237,10 +246,9 @@ def test_a_hostile_frame_is_refused_in_one_line_and_the_rank_lives_on(frame, rea
             running = asyncio.ensure_future(lone.engine.allreduce(0))
             await asyncio.sleep(0)
             lone.peer.sendall(frame)
-            if reason is None:
-                lone.peer.settimeout(0.3)
-                with pytest.raises(TimeoutError):
-                    lone.peer.recv(1)
+            if reason is None:  # nothing comes back but rank 0's READYs
+                heard = await asyncio.get_running_loop().run_in_executor(None, _frames, lone.peer, 0.3)
+                assert {h[0] for h in heard} <= {tcp.READY}, heard
                 refused = None
             else:
                 refused = await asyncio.get_running_loop().run_in_executor(None, lone.refusal)
@@ -322,7 +330,9 @@ def test_a_chunk_that_may_not_land_yet_is_staged_then_applied_in_order():
             peer.sendall(add + tcp._frame(tcp.END, partition=0))
             await asyncio.wait_for(running, 10)
             peer.settimeout(10)
-            kind, flag, *_ = tcp.HEAD.unpack(peer.recv(tcp.HEAD.size, socket.MSG_WAITALL))
+            kind = tcp.READY
+            while kind == tcp.READY:  # the READYs of the steps it entered, then the ACK
+                kind, flag, *_ = tcp.HEAD.unpack(peer.recv(tcp.HEAD.size, socket.MSG_WAITALL))
             return engine.buffer.copy(), (kind, flag), engine.received
         finally:
             peer.close()
@@ -458,3 +468,76 @@ def test_new_shares_reach_dataplane_c_when_the_next_iteration_begins():
         assert list(engine.a["share"][sends]) == [0.25] and engine.repaced is None
     finally:
         asyncio.run(engine.close())
+
+
+def _frames(sock: socket.socket, timeout: float) -> list[tuple]:
+    """Frame heads (and skipped payloads) `sock` receives within `timeout` of quiet."""
+    sock.settimeout(timeout)
+    heads = []
+    try:
+        while True:
+            head = sock.recv(tcp.HEAD.size, socket.MSG_WAITALL)
+            if len(head) < tcp.HEAD.size:
+                break
+            fields = tcp.HEAD.unpack(head)
+            heads.append(fields)
+            if fields[0] == tcp.CHUNK:
+                sock.recv(fields[-1] * 4, socket.MSG_WAITALL)
+            elif fields[0] == tcp.HELLO:
+                sock.recv(fields[-1], socket.MSG_WAITALL)
+    except (TimeoutError, socket.timeout):
+        pass
+    return heads
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["native", "python"])
+def test_with_a_rendezvous_a_step_is_sent_once_its_receiver_said_ready(python):
+    """Rank 0 of a 2-rank ring whose plan meets rank 1 at every step (a ring's would not:
+    Schedule.rendezvous; here set by hand) hears only from rank 1, so it says READY for both
+    steps as it enters the iteration (nothing from another sender can hold a step up); it
+    writes a step's chunks only once rank 1 (this test) has said READY for that step."""
+    async def run():
+        async with _LoneRank(python=python, meet=True) as lone:
+            loop = asyncio.get_running_loop()
+            running = asyncio.ensure_future(lone.engine.allreduce(0))
+            await asyncio.sleep(0.05)
+            heard = await loop.run_in_executor(None, _frames, lone.peer, 0.3)  # rank 0's READYs to us
+            sent = await loop.run_in_executor(None, _frames, lone.incoming, 0.3)  # what rank 0 wrote us
+            said = sorted((h[0], h[3], h[5], h[6]) for h in heard)  # kind, iteration, step, src
+            assert said == [(tcp.READY, 0, 0, 0), (tcp.READY, 0, 1, 0)], heard
+            written = [h[0] for h in sent if h[0] != tcp.HELLO]
+            assert written == [], sent  # nothing before our READY
+            lone.incoming.sendall(tcp._frame(tcp.READY, 0, 0, 0, iteration=0, step=0, src=1))
+            sent = await loop.run_in_executor(None, _frames, lone.incoming, 0.3)
+            written = {(h[0], h[5]) for h in sent}
+            assert written == {(tcp.CHUNK, 0)}, sent  # step 0's
+            receive = lone.engine.plans[0].steps[0].recvs[0]
+            lone.peer.sendall(_chunk(16, offset=receive.offset) + _chunk(16, offset=receive.offset + 16))
+            sent = await loop.run_in_executor(None, _frames, lone.incoming, 0.3)
+            assert sent == [], sent  # step 1's data is there, but not our READY for it
+            lone.incoming.sendall(tcp._frame(tcp.READY, 0, 0, 0, iteration=0, step=1, src=1))
+            sent = await loop.run_in_executor(None, _frames, lone.incoming, 0.3)
+            written = {(h[0], h[5]) for h in sent if h[0] != tcp.END}
+            assert written == {(tcp.CHUNK, 1)}, sent  # then its stream's END
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def test_the_plan_names_whom_a_step_waits_for_and_says_ready_to():
+    """Halving-doubling's partners change every step: from its second step on, a rank's
+    sends wait for their receiver (wait) and it says READY to its senders (say), when the
+    plan is built with the rendezvous; a ring's receivers hear from one rank throughout:
+    nothing waits. Without the rendezvous no step names anyone."""
+    hd = _plans("halving-doubling", Context(8), 8000)[0]
+    for plan in hd:
+        first, *rest = plan.steps
+        assert not first.wait and not first.say
+        for step in rest:
+            assert step.wait == {s.dst for s in step.sends if s.count}, step
+            assert step.say == {r.src for r in step.recvs if r.count}, step
+    assert all(not s.wait and not s.say for p in _plans("ring", Context(8), 8000)[0] for s in p.steps)
+    schedules = registry.schedules("halving-doubling", Context(8), 8000, partitions([8000], None))
+    eager = plan_format.parse(plan_format.build_rank_plans(schedules, 8)[0])
+    assert all(not s.wait and not s.say for p in eager for s in p.steps)

@@ -38,6 +38,7 @@
 #define END 3
 #define ACK 4
 #define REFUSE 5
+#define READY 6
 #define MAX_REASON 4096
 #define ERROR_LEN (MAX_REASON + 1)
 #ifndef SO_MAX_PACING_RATE
@@ -84,6 +85,12 @@ typedef struct {
 } conn_t;
 
 typedef struct {
+    int rank, fd;        /* fd -1: ended (under mu) */
+    int ended;           /* nothing more may be written on it: a REFUSE went, or it closed (under wmu) */
+    pthread_mutex_t wmu; /* its writes: ACKs and REFUSE by its serving thread, READYs by `readies` */
+} inbound_t;
+
+typedef struct {
     int first_range, nranges; /* its ranges are contiguous */
     int nsteps;               /* steps of its plan that have sends (their step_index 0..) */
     int64_t cost;
@@ -118,6 +125,21 @@ typedef struct {
     int64_t *staged_bytes; /* per serving call */
     int nserve, serving;
     double *progressed; /* CLOCK_MONOTONIC of the last chunk moved (shared with Python) */
+    /* rendezvous: a send waits for its receiver's READY for its step (`ready`, per range);
+     * a receive range's READY goes out once every receive of an earlier step of its
+     * partition is done (`announced`), on the connection its sender opened (`inbound`) */
+    int rendezvous;
+    int32_t *meets; /* per range (the caller's): a send that waits for a READY, a receive that says one */
+    int8_t *ready, *announced;
+    int64_t (*heard)[4]; /* READYs of an iteration not begun: iteration, partition, step, rank */
+    int nheard, cap_heard;
+    inbound_t **inbound; /* each allocated once: a serving thread keeps its own */
+    int ninbound;
+    int64_t (*due)[4]; /* READYs to write (their thread: `readies`): iteration, partition, step, rank */
+    int ndue, cap_due;
+    pthread_cond_t cv_ready; /* `readies`: a READY is due */
+    pthread_t readies;
+    int readying;
 } dp_t;
 
 static double now_real(void) {
@@ -137,6 +159,7 @@ static void wake_all(dp_t *d) {
     pthread_cond_broadcast(&d->cv);
     pthread_cond_broadcast(&d->cv_done);
     pthread_cond_broadcast(&d->cv_serve);
+    pthread_cond_broadcast(&d->cv_ready);
 }
 
 static int overlaps_earlier(dp_t *d, int part, int kind, int step, int64_t lo, int64_t hi) {
@@ -164,6 +187,110 @@ static void fail(dp_t *d, int rank, const char *why) {
 }
 
 static void start_partitions(dp_t *d);
+static int write_full(int fd, struct iovec *iov, int n);
+static int start_thread(void *(*fn)(void *), void *arg, pthread_t *t);
+
+/* READY for (iteration, partition, step) to `rank`: queued for the `readies` thread, which
+ * writes it outside `mu` (a full socket then holds up no one who drains the peer's) */
+static void send_ready(dp_t *d, int64_t iteration, int part, int step, int rank) {
+    if (d->ndue == d->cap_due) {
+        d->cap_due = d->cap_due ? 2 * d->cap_due : 16;
+        d->due = realloc(d->due, d->cap_due * sizeof *d->due);
+    }
+    d->due[d->ndue][0] = iteration;
+    d->due[d->ndue][1] = part;
+    d->due[d->ndue][2] = step;
+    d->due[d->ndue++][3] = rank;
+    pthread_cond_signal(&d->cv_ready);
+}
+
+/* Writes the queued READYs, each on every inbound connection of its rank (the send that
+ * waits for it may go over any of the rank's NICs); one for a rank not connected yet stays
+ * queued until it is (dp_serve signals). Outside `mu`: a full socket holds up no one who
+ * drains the peer's. */
+static void *readies(void *arg) {
+    dp_t *d = arg;
+    pthread_mutex_lock(&d->mu);
+    while (!d->closed) {
+        int found = -1;
+        for (int k = 0; k < d->ndue && found < 0; k++)
+            for (int j = 0; j < d->ninbound && found < 0; j++)
+                if (d->inbound[j]->rank == d->due[k][3] && d->inbound[j]->fd >= 0) found = k;
+        if (found < 0) {
+            pthread_cond_wait(&d->cv_ready, &d->mu);
+            continue;
+        }
+        int64_t x[4];
+        memcpy(x, d->due[found], sizeof x);
+        memmove(d->due + found, d->due + found + 1, (--d->ndue - found) * sizeof *d->due);
+        head_t h = {.kind = READY, .iteration = (uint32_t)x[0], .partition = (uint32_t)x[1],
+                    .step = (uint32_t)x[2], .src = (uint32_t)d->rank};
+        for (int j = 0; j < d->ninbound; j++) {
+            inbound_t *to = d->inbound[j]; /* (allocated until dp_close) */
+            if (to->rank != x[3] || to->fd < 0) continue;
+            int fd = to->fd;
+            pthread_mutex_unlock(&d->mu);
+            pthread_mutex_lock(&to->wmu);
+            if (!to->ended) { /* a failure: that connection is over; the others carry it */
+                struct iovec v = {&h, sizeof h};
+                write_full(fd, &v, 1);
+            }
+            pthread_mutex_unlock(&to->wmu);
+            pthread_mutex_lock(&d->mu);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* READYs for the steps of partition `pi` this rank has entered, to whoever sends to it there:
+ * a receive's READY goes once every receive of an earlier step from another sender is done
+ * (its own sender's come first on their connection anyway: a ring's receiver says READY for
+ * every step as it enters the iteration). Sent whether or not this rank's own sends wait for
+ * them: a peer that does waits for nothing that never comes (caller holds mu) */
+static void announce(dp_t *d, int pi) {
+    if (!d->running) return;
+    part_t *p = &d->parts[pi];
+    int end = p->first_range + p->nranges;
+    for (int i = p->first_range; i < end; i++) {
+        if (d->r.kind[i] != 0 || d->announced[i] || !d->meets || !d->meets[i]) continue;
+        int held = 0;
+        for (int j = p->first_range; j < end && !held; j++) {
+            if (d->r.kind[j] != 0 || d->r.done[j] || d->r.step[j] >= d->r.step[i]) continue;
+            int sends_now = 0; /* a sender of step i's too: its data comes in order anyway */
+            for (int k = p->first_range; k < end && !sends_now; k++)
+                sends_now = d->r.kind[k] == 0 && d->r.step[k] == d->r.step[i] && d->r.peer[k] == d->r.peer[j];
+            held = !sends_now;
+        }
+        if (held) continue;
+        d->announced[i] = 1;
+        for (int j = p->first_range; j < i; j++) /* one READY per (step, sender) */
+            if (d->r.kind[j] == 0 && d->r.step[j] == d->r.step[i] && d->r.peer[j] == d->r.peer[i]) goto said;
+        send_ready(d, d->iteration, pi, d->r.step[i], d->r.peer[i]);
+    said:;
+    }
+}
+
+/* a READY heard: the sends it clears may go (caller holds mu) */
+static void mark_ready(dp_t *d, int64_t iteration, int part, int step, int rank) {
+    if (iteration != d->iteration || !d->running) {
+        if (iteration <= d->iteration) return; /* (stale: cannot happen, a send waited for it) */
+        if (d->nheard == d->cap_heard) {
+            d->cap_heard = d->cap_heard ? 2 * d->cap_heard : 16;
+            d->heard = realloc(d->heard, d->cap_heard * sizeof *d->heard);
+        }
+        d->heard[d->nheard][0] = iteration;
+        d->heard[d->nheard][1] = part;
+        d->heard[d->nheard][2] = step;
+        d->heard[d->nheard++][3] = rank;
+        return;
+    }
+    if (part < 0 || part >= d->nparts) return;
+    part_t *p = &d->parts[part];
+    for (int i = p->first_range; i < p->first_range + p->nranges; i++)
+        if (d->r.kind[i] == 1 && d->r.step[i] == step && d->r.peer[i] == rank) d->ready[i] = 1;
+    pthread_cond_broadcast(&d->cv);
+}
 
 static void activate_step(dp_t *d, part_t *p) {
     /* the first step at or after `cur` with a send still to write; none: the partition is
@@ -233,6 +360,8 @@ static void advance(dp_t *d, int i, int64_t count) {
         if (d->r.kind[i] == 1) {
             d->conns[d->r.conn[i]].pace_dirty = 1;
             activate_step(d, p);
+        } else {
+            announce(d, d->r.part[i]);
         }
         check_done(d, p);
         wake_all(d); /* a transfer done: a step, a partition or the iteration may be */
@@ -349,7 +478,8 @@ static int pick(dp_t *d, int c) {
             if (d->r.kind[i] != 1 || d->r.conn[i] != c || d->r.done[i] || d->r.step_index[i] != p->cur) continue;
             if (best < 0 || d->r.order[i] < d->r.order[best]) best = i; /* the stream writes in order */
         }
-        if (best < 0) continue;
+        if (best < 0 || (d->rendezvous && d->meets && d->meets[best] && !d->ready[best]))
+            continue; /* its receiver has not entered the step */
         int64_t lo = d->r.lo[best], hi = lo + d->chunk < d->r.hi[best] ? lo + d->chunk : d->r.hi[best];
         if (clear_to_send(d, pi, d->r.step[best], lo, hi)) {
             d->conns[c].turn = pi;
@@ -456,6 +586,9 @@ static int read_answer(dp_t *d, int ci, int fd) {
     if (r) {
         snprintf(why, sizeof why, "%s", r == -1 ? "the peer closed the connection" : strerror(errno));
         conn_failed(d, c, 0, why);
+    } else if (h.kind == READY) {
+        mark_ready(d, h.iteration, (int)h.partition, (int)h.step, (int)h.src);
+        ended = 0;
     } else if (h.kind == ACK) {
         c->acks_due--;
         if (!h.flag) conn_failed(d, c, 1, reason);
@@ -529,16 +662,32 @@ static int has_staged(dp_t *d, int range, int serve) {
 
 /* Serve one incoming connection (its HELLO read) until it ends: 0 when it closed, 1 when
  * this side refused it (the reason sent to the peer in a REFUSE). */
-int dp_serve(dp_t *d, int fd) {
+int dp_serve(dp_t *d, int fd, int src) {
     pthread_mutex_lock(&d->mu);
     int me = d->nserve++;
+    inbound_t *in = malloc(sizeof *in);
+    in->rank = src;
+    in->fd = fd;
+    in->ended = 0;
+    pthread_mutex_init(&in->wmu, NULL);
+    d->inbound = realloc(d->inbound, (d->ninbound + 1) * sizeof *d->inbound);
+    d->inbound[d->ninbound++] = in;
+    int threadless = 0; /* (a rank with no connection of its own yet starts it here) */
+    if (!d->readying) {
+        if (start_thread(readies, d, &d->readies)) threadless = 1;
+        else d->readying = 1;
+    }
+    pthread_cond_signal(&d->cv_ready); /* READYs queued for it while it was not connected */
     d->staged_bytes = realloc(d->staged_bytes, d->nserve * sizeof(int64_t));
     d->staged_bytes[me] = 0;
     d->serving++;
     pthread_mutex_unlock(&d->mu);
     float *scratch = malloc(d->chunk * 4);
     char err[ERROR_LEN] = "";
-    for (;;) {
+    if (threadless)
+        snprintf(err, sizeof err, "RuntimeError: rank %d could not start a thread to answer this connection: this "
+                 "host is out of threads (kernel.pid_max, kernel.threads-max or the cgroup's pids.max)", d->rank);
+    while (!err[0]) {
         head_t h;
         if (read_full(fd, &h, sizeof h)) break;
         if (h.kind == END) {
@@ -547,7 +696,10 @@ int dp_serve(dp_t *d, int fd) {
             pthread_mutex_unlock(&d->mu);
             head_t a = {.kind = ACK, .flag = 1, .partition = h.partition};
             struct iovec v = {&a, sizeof a};
-            if (write_full(fd, &v, 1)) break;
+            pthread_mutex_lock(&in->wmu);
+            int wrote = write_full(fd, &v, 1);
+            pthread_mutex_unlock(&in->wmu);
+            if (wrote) break;
             continue;
         }
         if (h.kind != CHUNK) {
@@ -628,9 +780,16 @@ int dp_serve(dp_t *d, int fd) {
         size_t len = strlen(err);
         head_t r = {.kind = REFUSE, .count = (uint32_t)len};
         struct iovec v[2] = {{&r, sizeof r}, {err, len}};
+        pthread_mutex_lock(&in->wmu);
+        in->ended = 1; /* the REFUSE is the last frame */
         write_full(fd, v, 2);
+        pthread_mutex_unlock(&in->wmu);
     }
+    pthread_mutex_lock(&in->wmu);
+    in->ended = 1;
+    pthread_mutex_unlock(&in->wmu);
     pthread_mutex_lock(&d->mu);
+    in->fd = -1; /* no READY goes out on it any more */
     /* what it staged and never applied goes: its connection is over */
     for (staged_t **at = &d->staged; *at;) {
         staged_t *s = *at;
@@ -661,6 +820,7 @@ dp_t *dp_new(int32_t rank, float *buffer, int64_t chunk, int64_t stage_bytes, in
     pthread_cond_init(&d->cv, &a);
     pthread_cond_init(&d->cv_done, &a);
     pthread_cond_init(&d->cv_serve, &a);
+    pthread_cond_init(&d->cv_ready, &a);
     d->buffer = buffer;
     d->chunk = chunk;
     d->stage_bytes = stage_bytes;
@@ -726,6 +886,13 @@ int dp_connection(dp_t *d, int fd, int rank) {
         }
         d->answering = 1;
     }
+    if (!d->readying) {
+        if (start_thread(readies, d, &d->readies)) {
+            pthread_mutex_unlock(&d->mu);
+            return -2;
+        }
+        d->readying = 1;
+    }
     int c = d->nconns;
     conn_t *k = &d->conns[c];
     void **a = malloc(2 * sizeof(void *));
@@ -758,6 +925,11 @@ void dp_plan(dp_t *d, int nranges, int32_t *part, int32_t *step, int32_t *peer, 
     d->r = (ranges_t){part, step, peer, kind, lo, hi, start, conn, order, copy, done, step_index,
                       share, begun, first, last};
     d->nranges = nranges;
+    d->meets = NULL; /* (dp_meets gives this plan's) */
+    free(d->ready);
+    free(d->announced);
+    d->ready = calloc(nranges ? nranges : 1, 1);
+    d->announced = calloc(nranges ? nranges : 1, 1);
     free(d->parts);
     d->parts = calloc(nparts ? nparts : 1, sizeof(part_t));
     d->nparts = nparts;
@@ -809,6 +981,19 @@ int dp_iterate(dp_t *d, int64_t iteration) {
     d->iteration = iteration;
     d->running = 1;
     *d->progressed = now_mono();
+    memset(d->ready, 0, d->nranges ? d->nranges : 1);
+    memset(d->announced, 0, d->nranges ? d->nranges : 1);
+    int kept = 0;
+    for (int k = 0; k < d->nheard; k++) { /* READYs that came before this rank entered */
+        int64_t *x = d->heard[k];
+        if (x[0] == iteration) {
+            mark_ready(d, x[0], (int)x[1], (int)x[2], (int)x[3]);
+        } else if (x[0] > iteration) {
+            memmove(d->heard[kept++], x, sizeof *d->heard);
+        }
+    }
+    d->nheard = kept;
+    for (int p = 0; p < d->nparts; p++) announce(d, p);
     start_partitions(d);
     wake_all(d);
     int result = 0;
@@ -871,8 +1056,11 @@ void dp_cancel(dp_t *d) {
 int dp_ready(dp_t *d, int i) {
     pthread_mutex_lock(&d->mu);
     int64_t lo = d->r.lo[i], hi = lo + d->chunk < d->r.hi[i] ? lo + d->chunk : d->r.hi[i];
+    /* a send waiting for its receiver's READY waits on the peer: ready; a receive whose READY
+     * has not gone out waits on this rank's own earlier steps: not */
     int ready = d->r.kind[i] ? clear_to_send(d, d->r.part[i], d->r.step[i], lo, hi)
-                             : clear_to_apply(d, d->r.part[i], d->r.step[i], lo, hi);
+                             : clear_to_apply(d, d->r.part[i], d->r.step[i], lo, hi) &&
+                                   (!d->rendezvous || !d->meets || !d->meets[i] || d->announced[i]);
     pthread_mutex_unlock(&d->mu);
     return ready;
 }
@@ -900,6 +1088,7 @@ int dp_close(dp_t *d) {
     dp_stop(d);
     for (int c = 0; c < d->nconns; c++) pthread_join(d->conns[c].writer, NULL);
     if (d->answering) pthread_join(d->answers, NULL);
+    if (d->readying) pthread_join(d->readies, NULL);
     for (int c = 0; c < d->nconns; c++) {
         if (d->conns[c].fd >= 0) close(d->conns[c].fd);
         free(d->conns[c].ends);
@@ -919,6 +1108,15 @@ int dp_close(dp_t *d) {
         free(s);
     }
     free(d->staged_bytes);
+    for (int k = 0; k < d->ninbound; k++) {
+        pthread_mutex_destroy(&d->inbound[k]->wmu);
+        free(d->inbound[k]);
+    }
+    free(d->inbound);
+    free(d->heard);
+    free(d->due);
+    free(d->ready);
+    free(d->announced);
     free(d->parts);
     free(d->conns);
     pthread_mutex_destroy(&d->mu);
@@ -928,8 +1126,30 @@ int dp_close(dp_t *d) {
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->cv_done);
     pthread_cond_destroy(&d->cv_serve);
+    pthread_cond_destroy(&d->cv_ready);
     free(d);
     return 0;
+}
+
+/* A READY the caller read off a connection before handing it over (see mark_ready) */
+void dp_heard(dp_t *d, int64_t iteration, int part, int step, int rank) {
+    pthread_mutex_lock(&d->mu);
+    mark_ready(d, iteration, part, step, rank);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Which ranges meet their peer (the plan's rendezvous: Schedule.rendezvous): an array of
+ * the caller's, one per range of dp_plan */
+void dp_meets(dp_t *d, int32_t *meets) {
+    pthread_mutex_lock(&d->mu);
+    d->meets = meets;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dp_set_rendezvous(dp_t *d, int on) {
+    pthread_mutex_lock(&d->mu);
+    d->rendezvous = on;
+    pthread_mutex_unlock(&d->mu);
 }
 
 void dp_set_link_rate(dp_t *d, double rate) {

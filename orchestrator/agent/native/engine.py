@@ -47,6 +47,7 @@ class NativeEngine(Engine):
         self.dp = self.lib.dp_new(self.rank, self.buffer.ctypes.data, self.chunk_elements, tcp.STAGE_BYTES,
                                   self.credit_bytes, float(self.pacer.link_rate), SLACK, max(1, len(self.targets)),
                                   self.progress.ctypes.data)
+        self.lib.dp_set_rendezvous(self.dp, 1)  # the plan says which sends wait (dp_meets)
         self.registered = False
         self.opening: list[asyncio.Future] = []  # connections still being opened (_open_later)
         self.running = False
@@ -60,6 +61,7 @@ class NativeEngine(Engine):
     def _layout(self) -> None:
         rows: list[tuple] = []
         nics: list[int] = []
+        meets: list[int] = []  # per range: a send that waits for its receiver's READY, a receive that says it
         conn = {target: i for i, target in enumerate(self.targets)}
         count = 1 + max((p.index for p in self.plans), default=-1)
         first, size, steps, cost = (np.zeros(count, np.int32), np.zeros(count, np.int32),
@@ -75,11 +77,13 @@ class NativeEngine(Engine):
                         seen.add((step.step, r.src, r.offset))
                         rows.append((plan.index, step.step, r.src, 0, r.offset, r.offset + r.count, -1, 0, 0, k, 1.0))
                         nics.append(-1)
+                        meets.append(int(r.src in step.say))
                 for i, x in enumerate(step.sends):
                     if x.count:
                         rows.append((plan.index, step.step, x.dst, 1, x.offset, x.offset + x.count,
                                      conn[self._target(x)], i, int(x.copy), k, x.share))
                         nics.append(x.nic)
+                        meets.append(int(x.dst in step.wait))
             size[plan.index] = len(rows) - first[plan.index]
             steps[plan.index] = len(plan.steps)
             cost[plan.index] = plan.length * self.buffer.itemsize
@@ -94,6 +98,7 @@ class NativeEngine(Engine):
         self.a = a
         self.counted = np.zeros(len(rows), np.int64)
         self.nics = np.array(nics, dtype=np.int32)
+        self.meets = np.array(meets or [0], dtype=np.int32)
         present = {p.index: p for p in self.plans}
         self.start_order = np.array(sorted(range(count), key=lambda i: (present[i].priority, i) if i in present
                                            else (-2**62, i)), dtype=np.int32)
@@ -103,6 +108,7 @@ class NativeEngine(Engine):
                  "share", "begun", "first", "last")
         self.lib.dp_plan(self.dp, len(rows), *(ptr(a[name]) for name in order), count,
                          *(ptr(x) for x in self.parts), ptr(self.start_order))
+        self.lib.dp_meets(self.dp, ptr(self.meets))
 
     def replan(self, plans, link_rate: float) -> None:
         """New shares, handed to dataplane.c when the next iteration begins (its writing
@@ -150,8 +156,14 @@ class NativeEngine(Engine):
             if fd < 0:
                 self.opening.append(asyncio.ensure_future(self._open_later(index, target)))
 
+    def _heard_ready(self, iteration: int, partition: int, step: int, rank: int) -> None:
+        """A READY the event loop read off a connection not yet handed over: dataplane.c's."""
+        if self.dp:
+            self.lib.dp_heard(self.dp, iteration, partition, step, rank)
+
     def _take(self, target: str) -> int:
-        """A descriptor of `target`'s open socket for dataplane.c (its own: a dup)."""
+        """A descriptor of `target`'s open socket for dataplane.c (its own: a dup). What the
+        loop read off it already (a peer's READYs) reached dataplane.c through `_heard_ready`."""
         sock = self.sender.connections[target].sock
         asyncio.get_running_loop().remove_reader(sock.fileno())
         sock.setblocking(True)
@@ -236,7 +248,7 @@ class NativeEngine(Engine):
                 return
             self.serving += 1
         try:
-            self.lib.dp_serve(self.dp, sock.fileno())  # a refusal's reason goes to the peer
+            self.lib.dp_serve(self.dp, sock.fileno(), rank)  # a refusal's reason goes to the peer
         finally:
             with self.guard:
                 self.serving -= 1

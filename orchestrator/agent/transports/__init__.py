@@ -52,6 +52,10 @@ class Transport:
     # engine(*Engine's arguments) → a rank's engine that moves the chunks itself, or None to
     # leave them to agent/engine.py (the tcp transport's native data path when it is built)
     engine: Callable[..., object] | None = None
+    # a step's send waits for its receiver's word that it has entered the step (tcp's READY):
+    # the cost model then starts such a transfer once its receiver has applied every earlier
+    # step's receive (cost/simulate.py)
+    rendezvous: bool = False
 
 
 TRANSPORTS: dict[str, Transport] = {}
@@ -61,12 +65,12 @@ def register(name: str, sender: Callable[..., object], port_offset: int, about: 
              holds_messages: bool = False, send_buffer: int = 0, listener: Callable[..., object] | None = None,
              optional: bool = False, paces_itself: bool = False, wire: str = "tcp",
              pick_address: Callable[[list[str]], str] | None = None,
-             engine: Callable[..., object] | None = None) -> None:
+             engine: Callable[..., object] | None = None, rendezvous: bool = False) -> None:
     """Add (or replace) the transport `name`: `sender(run_id, rank, window_bytes)` makes a
     rank's sending side; its peers listen on each data address's port + `port_offset`
     (with `listener`, see Transport)."""
     TRANSPORTS[name] = Transport(name, sender, port_offset, about, holds_messages, send_buffer, listener,
-                                 optional, paces_itself, wire, pick_address, engine)
+                                 optional, paces_itself, wire, pick_address, engine, rendezvous)
 
 
 def use_engine(name: str, engine: Callable[..., object] | None) -> None:

@@ -24,12 +24,17 @@ Frames (little-endian, HEAD): kind, flag, iteration, partition, step, src, offse
     END     a stream is over: partition = its id on the connection
     ACK     receiver → sender: partition = the stream id, flag = ok, count = bytes of reason
     REFUSE  receiver → sender, then it closes: count = bytes of reason
+    READY   receiver → sender: it has entered `step` of `partition` in `iteration` (the
+            receives of earlier steps from ranks not sending to it now applied); src = the
+            receiver's rank. A send the plan marks waits for it: a rendezvous, as MPI's
+            large messages have (agent/engine.py)
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import socket
 import struct
 import threading
@@ -41,7 +46,7 @@ from orchestrator.agent.proto import testbed_pb2 as pb
 from orchestrator.agent.transports import register
 
 HEAD = struct.Struct("<BBHIIIIQI")
-HELLO, CHUNK, END, ACK, REFUSE = 1, 2, 3, 4, 5
+HELLO, CHUNK, END, ACK, REFUSE, READY = 1, 2, 3, 4, 5, 6
 PORT_OFFSET = 1  # listening on each data address's port + 1 (gRPC Data keeps the port)
 MAX_RUN_ID = 64
 MAX_REASON = 4096
@@ -57,6 +62,9 @@ USER_TIMEOUT_MS = 10_000
 # model counts (cost/simulate.py). Linux doubles what SO_SNDBUF asks for.
 SEND_BUFFER_BYTES = 3 * 2**20
 KEEPALIVE = (2, 2, 5)  # idle, interval, probes
+# A step's send waits for its receiver's READY (module docstring). TESTBED_RENDEZVOUS=0 sends
+# eagerly instead, for an A/B (the agents and the model must both see it)
+RENDEZVOUS = os.environ.get("TESTBED_RENDEZVOUS", "1") != "0"
 
 
 def _tune(sock: socket.socket) -> None:
@@ -124,8 +132,10 @@ class _Connection:
     (a futex and the loop's self-pipe), with the interpreter lock passed each time: about
     a third of the agents' CPU per byte at 200 Mbit (bench/agent_dataplane.py)."""
 
-    def __init__(self, target: str, run_id: str, rank: int) -> None:
+    def __init__(self, target: str, run_id: str, rank: int, on_ready=None, on_ended=None) -> None:
         self.target, self.run_id, self.rank = target, run_id, rank
+        self.on_ready = on_ready  # (iteration, partition, step, rank) of a READY, on the loop
+        self.on_ended = on_ended  # () once it has ended: a send waiting for a READY writes, and fails
         self.sock: socket.socket | None = None
         self.writing = asyncio.Lock()  # one frame at a time, in the order they were asked
         self.room: asyncio.Future | None = None  # set once the socket can take more
@@ -180,7 +190,12 @@ class _Connection:
             return
         self.inbox += data
         while len(self.inbox) >= HEAD.size:
-            kind, flag, _, _, stream, _, _, _, count = HEAD.unpack_from(self.inbox)
+            kind, flag, _, iteration, stream, step, src, _, count = HEAD.unpack_from(self.inbox)
+            if kind == READY:
+                del self.inbox[: HEAD.size]
+                if self.on_ready is not None:
+                    self.on_ready(iteration, stream, step, src)
+                continue
             if count > MAX_REASON:
                 self._ended(f"the peer sent a reason of {count} bytes")
                 return
@@ -201,6 +216,8 @@ class _Connection:
         """The connection is over: every ack still due fails with `reason`, and so does a
         write waiting for room."""
         self.error = self.error or reason
+        if self.on_ended is not None:
+            self.on_ended()
         if self.sock is not None:
             try:
                 loop = asyncio.get_running_loop()
@@ -315,10 +332,14 @@ class TcpSender:
     def __init__(self, run_id: str, rank: int, window_bytes: int = 0) -> None:
         self.run_id, self.rank = run_id, rank
         self.connections: dict[str, _Connection] = {}
+        self.on_ready = None  # set by the engine: what a READY from any peer calls
+        self.on_ended = None  # and what a connection's end calls
 
     def _connection(self, target: str) -> _Connection:
         if target not in self.connections:
-            self.connections[target] = _Connection(target, self.run_id, self.rank)
+            self.connections[target] = _Connection(target, self.run_id, self.rank,
+                                                   lambda *ready: self.on_ready and self.on_ready(*ready),
+                                                   lambda: self.on_ended and self.on_ended())
         return self.connections[target]
 
     async def connect(self, targets: set[str], timeout: float) -> None:
@@ -403,6 +424,10 @@ class _Reader:
         _recv_into(self.sock, memoryview(self.head))
         return HEAD.unpack(self.head)
 
+    def _ready(self, iteration: int, partition: int, step: int, rank: int) -> None:
+        with self.send_lock:
+            _send_all(self.sock, [_frame(READY, 0, partition, 0, iteration=iteration, step=step, src=rank)])
+
     def _reply(self, kind: int, flag: int, stream: int, reason: str = "") -> None:
         raw = reason.encode()[:MAX_REASON]
         with self.send_lock:
@@ -419,7 +444,14 @@ class _Reader:
             engine = self._call(self.engine_for(run_id.decode("utf-8", "replace")), 90)
             engine.inbound.add(self.sock)
             serve = getattr(engine, "serve", None)  # an engine with its own data path (agent/native)
-            serve(self.sock, src) if serve is not None else self._serve(engine, src)
+            if serve is not None:
+                serve(self.sock, src)
+            else:
+                engine.inbound_ready(src, self._ready)  # the READYs it sends to `src` go out here
+                try:
+                    self._serve(engine, src)
+                finally:
+                    engine.inbound_gone(src, self._ready)
         except (ConnectionError, OSError):
             pass  # the peer went away (or its run was reconfigured): its sender reports it
         except Exception as exc:  # noqa: BLE001 - the sender names it as a refusal
@@ -499,4 +531,4 @@ class _Reader:
 
 # agent/native gives it an engine that moves every chunk in native threads (when built)
 register("tcp", TcpSender, PORT_OFFSET, "plain TCP per (peer, NIC), read straight into the gradient buffer and "
-         "written from it", send_buffer=SEND_BUFFER_BYTES, listener=TcpListener)
+         "written from it", send_buffer=SEND_BUFFER_BYTES, listener=TcpListener, rendezvous=RENDEZVOUS)
