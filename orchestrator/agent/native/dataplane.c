@@ -190,17 +190,27 @@ static void start_partitions(dp_t *d);
 static int write_full(int fd, struct iovec *iov, int n);
 static int start_thread(void *(*fn)(void *), void *arg, pthread_t *t);
 
+/* `list` (of `*cap` items of `size` bytes, `n` of them used) with room for one more:
+ * doubled when full */
+static void *room_for(void *list, int n, int *cap, size_t size) {
+    if (n < *cap) return list;
+    *cap = *cap ? 2 * *cap : 16;
+    return realloc(list, (size_t)*cap * size);
+}
+
+/* one READY of a list: iteration, partition, step, rank */
+static void put_ready(int64_t *x, int64_t iteration, int part, int step, int rank) {
+    x[0] = iteration;
+    x[1] = part;
+    x[2] = step;
+    x[3] = rank;
+}
+
 /* READY for (iteration, partition, step) to `rank`: queued for the `readies` thread, which
  * writes it outside `mu` (a full socket then holds up no one who drains the peer's) */
 static void send_ready(dp_t *d, int64_t iteration, int part, int step, int rank) {
-    if (d->ndue == d->cap_due) {
-        d->cap_due = d->cap_due ? 2 * d->cap_due : 16;
-        d->due = realloc(d->due, d->cap_due * sizeof *d->due);
-    }
-    d->due[d->ndue][0] = iteration;
-    d->due[d->ndue][1] = part;
-    d->due[d->ndue][2] = step;
-    d->due[d->ndue++][3] = rank;
+    d->due = room_for(d->due, d->ndue, &d->cap_due, sizeof *d->due);
+    put_ready(d->due[d->ndue++], iteration, part, step, rank);
     pthread_cond_signal(&d->cv_ready);
 }
 
@@ -275,14 +285,8 @@ static void announce(dp_t *d, int pi) {
 static void mark_ready(dp_t *d, int64_t iteration, int part, int step, int rank) {
     if (iteration != d->iteration || !d->running) {
         if (iteration <= d->iteration) return; /* (stale: cannot happen, a send waited for it) */
-        if (d->nheard == d->cap_heard) {
-            d->cap_heard = d->cap_heard ? 2 * d->cap_heard : 16;
-            d->heard = realloc(d->heard, d->cap_heard * sizeof *d->heard);
-        }
-        d->heard[d->nheard][0] = iteration;
-        d->heard[d->nheard][1] = part;
-        d->heard[d->nheard][2] = step;
-        d->heard[d->nheard++][3] = rank;
+        d->heard = room_for(d->heard, d->nheard, &d->cap_heard, sizeof *d->heard);
+        put_ready(d->heard[d->nheard++], iteration, part, step, rank);
         return;
     }
     if (part < 0 || part >= d->nparts) return;
@@ -315,10 +319,7 @@ static void activate_step(dp_t *d, part_t *p) {
             used = d->r.kind[i] == 1 && d->r.conn[i] == c;
         if (!used) continue;
         conn_t *k = &d->conns[c];
-        if (k->nends == k->cap_ends) {
-            k->cap_ends = k->cap_ends ? 2 * k->cap_ends : 16;
-            k->ends = realloc(k->ends, k->cap_ends * sizeof(int));
-        }
+        k->ends = room_for(k->ends, k->nends, &k->cap_ends, sizeof *k->ends);
         k->ends[k->nends++] = k->next_stream++;
         k->acks_due++;
     }
