@@ -39,7 +39,6 @@ opens its connections and enters the first iteration at the instant the driver n
 from __future__ import annotations
 
 import asyncio
-import math
 import concurrent.futures
 import threading
 import time
@@ -138,7 +137,7 @@ class Engine:
         self.ready_writers: dict[int, list[Callable]] = {}  # rank → writers of READYs to it (inbound connections)
         self.ready_due: dict[int, list[tuple[int, int, int]]] = {}  # rank → READYs before it connected
         self.ready_pool: concurrent.futures.ThreadPoolExecutor | None = None  # writes them off the loop
-        if hasattr(self.sender, "on_ready"):  # heard even when this rank's sends do not wait (a peer's may)
+        if self.rendezvous:  # heard even when this rank's sends do not wait (a peer's may)
             self.sender.on_ready = self._heard_ready
             self.sender.on_ended = self._recheck
         try:
@@ -602,7 +601,7 @@ class Engine:
             return
         for index, (steps, done) in list(self.announcing.items()):
             state = self.states.get(index)
-            if state is None or len(done) == sum(len(say) for _, say, _ in steps):
+            if state is None or not _owes(steps, done):
                 continue
             pending = [(r.step, r.peer) for r in list(state.receiving.values())]
             said = set(done)
@@ -616,7 +615,7 @@ class Engine:
     def _announcing(self) -> bool:
         """Whether some step of this iteration is still to be announced (read on a reading
         thread: the entries are replaced whole, never changed in place)."""
-        return any(len(done) < sum(len(say) for _, say, _ in steps) for steps, done in list(self.announcing.values()))
+        return any(_owes(steps, done) for steps, done in list(self.announcing.values()))
 
     def announced(self, partition: int, step: int, src: int) -> bool:
         """Whether this rank has said READY to `src` for `step` of `partition` (a stall
@@ -644,7 +643,7 @@ class Engine:
                 self.iteration, self.states = iteration, states
             if self.loop is None:
                 self.loop = asyncio.get_running_loop()
-            if hasattr(self.sender, "on_ready"):  # tcp: say READY as each step is entered
+            if self.rendezvous:  # tcp: say READY as each step is entered
                 self.announcing = {plan.index: ([(step.step, sorted(step.say), {r.src for r in step.recvs if r.count})
                                                  for step in plan.steps if step.say], frozenset())
                                    for plan in self.plans}
@@ -745,3 +744,8 @@ class Engine:
                 pass
         self.streams.clear()
         self.unacknowledged.clear()
+
+
+def _owes(steps: list[tuple[int, list[int], set[int]]], done: frozenset) -> bool:
+    """Whether a partition's READYs (Engine.announcing's steps) are not all said yet."""
+    return len(done) < sum(len(say) for _, say, _ in steps)

@@ -53,7 +53,7 @@ class Prediction:
     # a row): a symmetric schedule's lockstep keeps them together (None: not simulated)
     entry_spread: float | None = None
     # its sends wait for their receivers (Schedule.rendezvous): offered by the transport and
-    # faster in the model than sending eagerly (`predict_schedules`)
+    # chosen by the model (`predict_schedules`: MEETS_COST, MEETS_GAIN)
     rendezvous: bool = False
 
     @property
@@ -134,13 +134,15 @@ def predict_schedules(
 
     `rendezvous`: the transport lets a send wait for its receiver to enter the step
     (Schedule.rendezvous marks which). With `choose`, the schedules take it unless the model
-    finds it slower than eager sends by more than MEETS_COST: it keeps halving-doubling's
+    finds it slower than eager sends by more than MEETS_COST, or, where the marked transfers
+    are over MEETS_BYTES, not MEETS_GAIN faster: it keeps halving-doubling's
     changing partners off a downlink still busy with the step before (star,8 at 4 MiB:
     1.75 S/B against 2.5), but it holds a pipelined tree's second child until the first
     one's whole transfer is in. Prediction.rendezvous says which it took, and the agents'
     plans follow it (CompiledRun.meets). Without `choose`, as given."""
     work = path_work(topology, schedules)
-    marked = rendezvous and any(schedule.rendezvous() for _, schedule in schedules)
+    marks = [schedule.rendezvous() for _, schedule in schedules] if rendezvous else []
+    marked = any(marks)
     # the step-level model has no rendezvous: chosen there, eager; given, it stays (the plans wait)
     stepwise_meets = marked and not choose
     if sum(len(step) for _, schedule in schedules for step in schedule.steps) > EVENT_TRANSFERS \
@@ -182,7 +184,7 @@ def predict_schedules(
         if eager is None and run is None:
             return _by_steps(topology, schedules, nodes, network, chunk_bytes, itemsize, routes, send_buffer_bytes,
                              attribute, work)
-        if run is None or (eager is not None and _takes_eager((run, back_to_back, spread), eager, schedules,
+        if run is None or (eager is not None and _takes_eager((run, back_to_back, spread), eager, schedules, marks,
                                                               itemsize)):
             run, back_to_back, spread = eager
         else:
@@ -228,11 +230,12 @@ MEETS_BYTES = 2**20
 MEETS_GAIN = 0.10
 
 
-def _largest_meeting(schedules: Schedules, itemsize: int) -> int:
-    """Bytes of the largest transfer Schedule.rendezvous marks."""
+def _largest_meeting(schedules: Schedules, itemsize: int, marks: Sequence[set] | None = None) -> int:
+    """Bytes of the largest transfer Schedule.rendezvous marks (`marks`: each schedule's, if
+    known already)."""
     largest = 0
-    for _, schedule in schedules:
-        marked = schedule.rendezvous()
+    for k, (_, schedule) in enumerate(schedules):
+        marked = marks[k] if marks is not None else schedule.rendezvous()
         for index, step in enumerate(schedule.steps):
             for t in step:
                 if (index, t.src, t.dst) in marked:
@@ -240,14 +243,14 @@ def _largest_meeting(schedules: Schedules, itemsize: int) -> int:
     return largest
 
 
-def _takes_eager(met: tuple, eager: tuple, schedules: Schedules, itemsize: int) -> bool:
+def _takes_eager(met: tuple, eager: tuple, schedules: Schedules, marks: Sequence[set], itemsize: int) -> bool:
     """Of the model's (run, back to back, spread) with and without the rendezvous: is eager
     the run's choice (MEETS_COST, MEETS_GAIN over MEETS_BYTES)? Both held on the same measure:
     back to back where both have it, else one allreduce alone."""
     both = met[1] is not None and eager[1] is not None
     with_it, without = (met[1], eager[1]) if both else (met[0].seconds, eager[0].seconds)
     return with_it > without * (1 + MEETS_COST) or (
-        with_it > without * (1 - MEETS_GAIN) and _largest_meeting(schedules, itemsize) > MEETS_BYTES)
+        with_it > without * (1 - MEETS_GAIN) and _largest_meeting(schedules, itemsize, marks) > MEETS_BYTES)
 
 
 def _workers(schedules: Schedules) -> int:

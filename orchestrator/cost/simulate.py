@@ -315,10 +315,10 @@ class _Run:
         self.send_buffer = float(send_buffer_bytes)
         self.flows: list[Flow] = []
         # per schedule: do its sends take the rendezvous (jobs together: each its own)
-        self.meets_by = [rendezvous] * len(schedules) if isinstance(rendezvous, bool) else list(rendezvous)
-        if len(self.meets_by) != len(schedules):
-            raise ValueError(f"rendezvous: one flag per schedule ({len(schedules)}), got {len(self.meets_by)}")
-        self.rendezvous = rendezvous = any(self.meets_by)
+        meets_by = [rendezvous] * len(schedules) if isinstance(rendezvous, bool) else list(rendezvous)
+        if len(meets_by) != len(schedules):
+            raise ValueError(f"rendezvous: one flag per schedule ({len(schedules)}), got {len(meets_by)}")
+        self.rendezvous = rendezvous = any(meets_by)
         self.alpha = alphas(network, schedules)  # rank → its α, when peers cost (else network.latency)
         self.connections: dict[tuple[int, object], int] = {}  # (rank, peer address) → index
         self.usage: list = []
@@ -343,9 +343,11 @@ class _Run:
         # drawn times, then before the first iteration too
         self.compute = compute_s
         self.cost = [part.length * itemsize for part, _ in schedules] * iterations
+        # per schedule, the sends that wait for their receivers: the same in every iteration
+        meetings = [schedule.rendezvous() if meets else set() for (_, schedule), meets in zip(schedules, meets_by)]
         for i in range(iterations):  # iteration i's partition p is index i·P + p
             for p, (_, schedule) in enumerate(schedules):
-                self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize, self.meets_by[p])
+                self._add(i * self.per_iteration + p, schedule, nodes, chunk, itemsize, meetings[p])
         self.ranks = ranks
         self.fair = MaxMin(self.usage, self.capacity)
         # connections active together → their rates: a ring's steps share a few such sets
@@ -423,11 +425,11 @@ class _Run:
                 return False
         return True
 
-    def _add(self, p: int, schedule: Schedule, nodes: Sequence[str], chunk: int, itemsize: int, meets: bool) -> None:
+    def _add(self, p: int, schedule: Schedule, nodes: Sequence[str], chunk: int, itemsize: int,
+             meeting: set[tuple[int, int, int]]) -> None:
         """The flows of partition `p`, each with the earlier ones it waits for (see `ranges`);
-        `meets`: its sends take the rendezvous."""
+        `meeting`: (step, src, dst) of its sends that take the rendezvous."""
         routes, network = self.routes, self.network
-        meeting = schedule.rendezvous() if meets else set()
         received: dict[int, Ranges] = {}  # rank → latest receives by range
         written: dict[int, Ranges] = {}  # rank → sends by range since its latest receive there
         for step_no, step in enumerate(schedule.steps):

@@ -235,17 +235,24 @@ def test_a_later_step_starts_once_the_earlier_ones_sends_are_handed_over():
     assert [f.flowing_at for f in result.flows] == [0.0, 0.0]
 
 
-def test_with_a_rendezvous_a_send_waits_for_its_receiver_to_enter_its_step():
-    # rank 0 sends 1000 B to rank 2 in step 0, rank 1 another 1000 B to rank 2 in step 1, at
-    # 1000 B/s per link. Eager, rank 1 (nothing to wait for) sends at once and both share
-    # sw→h2 to the end (2 s each); with a rendezvous it waits for rank 2 to have applied step
-    # 0's receive: 1 s, then 2 s, and the step-0 transfer keeps its link to itself
+def _two_senders_into_rank_two():
+    """star,3 at 1000 B/s per link: rank 0 sends 1000 B to rank 2 in step 0, rank 1 another
+    1000 B to rank 2 in step 1 (which Schedule.rendezvous marks)."""
     star = make_topology("star", servers=3)
     schedule = Schedule("by-hand", 3, 500)
     schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
     schedule.add_step([Transfer(1, 2, 250, 250, "reduce")])
     nodes = [s.name for s in star.servers]
     network = Network(8000, efficiency=1.0)
+    return star, schedule, nodes, network
+
+
+def test_with_a_rendezvous_a_send_waits_for_its_receiver_to_enter_its_step():
+    # rank 0 sends 1000 B to rank 2 in step 0, rank 1 another 1000 B to rank 2 in step 1, at
+    # 1000 B/s per link. Eager, rank 1 (nothing to wait for) sends at once and both share
+    # sw→h2 to the end (2 s each); with a rendezvous it waits for rank 2 to have applied step
+    # 0's receive: 1 s, then 2 s, and the step-0 transfer keeps its link to itself
+    star, schedule, nodes, network = _two_senders_into_rank_two()
     eager = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, rendezvous=False)
     assert [f.finished for f in eager.flows] == [pytest.approx(2.0), pytest.approx(2.0)]
     met = simulate(Routes(star), one_partition(schedule), nodes, network, 2**30, rendezvous=True)
@@ -333,12 +340,7 @@ def test_a_run_takes_the_rendezvous_unless_the_model_finds_it_costs():
 def test_jobs_together_take_the_rendezvous_each_as_its_own_run_chose():
     # two copies of the by-hand schedule (rank 1's send into rank 2 waits for rank 2's step)
     # simulated together: the first takes the rendezvous, the second sends eagerly
-    star = make_topology("star", servers=3)
-    schedule = Schedule("by-hand", 3, 500)
-    schedule.add_step([Transfer(0, 2, 0, 250, "reduce")])
-    schedule.add_step([Transfer(1, 2, 250, 250, "reduce")])
-    nodes = [s.name for s in star.servers]
-    network = Network(8000, efficiency=1.0)
+    star, schedule, nodes, network = _two_senders_into_rank_two()
     both = [(Partition(0, 250, 0), schedule), (Partition(250, 250, 1), schedule)]
     run = simulate(Routes(star), both, nodes, network, 2**30, rendezvous=[True, False])
     assert [f.meets for f in run.flows] == [False, True, False, False]
