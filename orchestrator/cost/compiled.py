@@ -26,7 +26,8 @@ from orchestrator.cost.network import Network
 from orchestrator.cost.predict import Prediction, Schedules, predict_schedules
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.shares import fair_shares
-from orchestrator.cost.simulate import DEFAULT_CHUNK_BYTES, DEFAULT_SEND_BUFFER_BYTES
+from orchestrator.cost.simulate import (DEFAULT_CHUNK_BYTES, DEFAULT_RECEIVE_BUFFER_BYTES, DEFAULT_SEND_BUFFER_BYTES,
+                                        Simulation, simulate)
 from orchestrator.topology import Topology
 
 
@@ -87,6 +88,17 @@ class CompiledRun:
                                        rendezvous=self.meets, choose=self.prediction is None,
                                        compute_s=compute_s, attribute=attribute, compute=compute, warmup=warmup)
         return dataclasses.replace(self, network=network, routes=routes, prediction=prediction)
+
+    def timeline(self, iterations: int) -> Simulation:
+        """`iterations` allreduces of this run back to back as its prediction models them (its
+        routes, network and rendezvous choice): every transfer's times, to set beside a traced
+        run's (experiment/timeline.py). ValueError before predicted(); ModelTooLarge past the
+        event model's budget."""
+        if self.prediction is None or self.routes is None or self.network is None:
+            raise ValueError("a run's timeline comes from its prediction: call predicted() first")
+        return simulate(self.routes, self.schedules, list(self.nodes), self.network, self.chunk_bytes,
+                        self.credit_bytes, receive_buffer_bytes=DEFAULT_RECEIVE_BUFFER_BYTES,
+                        send_buffer_bytes=self.send_buffer_bytes, iterations=iterations, rendezvous=self.meets)
 
     def shares(self, topology: Topology | None = None) -> dict:
         """The fair share of every connection over the routes predicted (agent/pacing.py);

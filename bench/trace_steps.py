@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""One point of bench/model_accuracy.py traced: every step of the allreduce, when it ended in
+the run and in the cost model, so that a ratio off the band points at the step that lost (or
+gained) the time (issue 29).
+
+    sudo .venv/bin/python bench/trace_steps.py bigraph,4,2 flextree 4MiB [--rate 100Mbit]
+                                                [--iterations 8] [--warmup 1] [--json]
+
+The lab is built as model_accuracy builds it (bare namespaces, agents over the default
+transport, paced, α as kept for the lab or measured now), the point runs back to back with
+every transfer traced (driver.run(trace=True)), and the model simulates the very run it
+predicted, as many allreduces in a row (CompiledRun.timeline). Prints the measured and
+predicted time per synchronisation, then one row per step (experiment/timeline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.model_accuracy import LABS, OPTIONS, with_alpha  # noqa: E402
+from orchestrator import units  # noqa: E402
+from orchestrator.collectives import registry  # noqa: E402
+from orchestrator.collectives.context import Context  # noqa: E402
+from orchestrator.collectives.partition import partitions  # noqa: E402
+from orchestrator.control import driver, workloads  # noqa: E402
+from orchestrator.cost import Network  # noqa: E402
+from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
+from orchestrator.deploy import lab_agents  # noqa: E402
+from orchestrator.emulation import Lab  # noqa: E402
+from orchestrator.experiment import timeline  # noqa: E402
+from orchestrator.experiment.results import sync_times  # noqa: E402
+from orchestrator.spec import lab_from_argument  # noqa: E402
+
+
+def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int, warmup: int) -> dict:
+    spec = lab_from_argument(shorthand, name="trace-" + shorthand.split(",")[0],
+                             **{"servers.runtime": "netns", "links.bandwidth": rate})
+    elements = size // 4
+    with Lab.up(spec) as lab:
+        endpoints = lab_agents.start(lab)
+        try:
+            network = with_alpha(lab, endpoints, Network.from_links(spec.links))
+            eps = list(endpoints)
+            ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps), OPTIONS.get(algorithm, {}))
+            lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(algorithm, ctx, elements,
+                                                                              partitions([elements], None))))
+            result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),
+                                iterations=warmup + iterations, ctx=ctx, network=network,
+                                flow_paths=lab_agents.flow_paths(lab), trace=True)
+        finally:
+            lab_agents.stop(endpoints)
+    compiled = result.compiled
+    sim = compiled.timeline(warmup + iterations)
+    rows = timeline.compare(sim, compiled.schedules, result.records(), result.transfers(), skip=max(1, warmup))
+    measured = statistics.fmean(sync_times(result.records())[warmup:])
+    return {"lab": shorthand, "rate": rate, "algorithm": algorithm, "size_bytes": size,
+            "measured_s": measured, "predicted_s": result.predicted.per_run,
+            "ratio": measured / result.predicted.per_run, "rendezvous": result.predicted.rendezvous,
+            "steps": [dataclasses.asdict(row) for row in rows], "table": timeline.table(rows)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("lab", help="a topology shorthand, e.g. bigraph,4,2")
+    parser.add_argument("algorithm")
+    parser.add_argument("size", help="gradient size, e.g. 4MiB")
+    parser.add_argument("--rate", default="", help="link rate (default: model_accuracy's for the lab)")
+    parser.add_argument("--iterations", type=int, default=8, help="timed allreduces")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed allreduces first")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = parser.parse_args()
+    if args.algorithm not in registry.ALGORITHMS:
+        parser.error(f"algorithm: {args.algorithm!r} is not one of {', '.join(sorted(registry.ALGORITHMS))}")
+    if args.iterations < 1 or args.warmup < 0:
+        parser.error("--iterations must be at least 1 and --warmup at least 0")
+    rate = args.rate or dict(LABS).get(args.lab, "100Mbit")
+    found = trace(args.lab, rate, args.algorithm, units.parse_size(args.size), args.iterations, args.warmup)
+    if args.json:
+        print(json.dumps({k: v for k, v in found.items() if k != "table"}))
+        return 0
+    print(f"{found['lab']} at {rate}, {found['algorithm']}, {args.size}: measured {found['measured_s'] * 1e3:,.1f} ms "
+          f"per synchronisation, predicted {found['predicted_s'] * 1e3:,.1f} ms ({found['ratio']:.3f} ×; "
+          f"rendezvous {'taken' if found['rendezvous'] else 'not taken'})")
+    print(found["table"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
