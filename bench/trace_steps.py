@@ -58,12 +58,20 @@ def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int,
             lab_agents.stop(endpoints)
     compiled = result.compiled
     sim = compiled.timeline(warmup + iterations)
-    rows = timeline.compare(sim, compiled.schedules, result.records(), result.transfers(), skip=max(1, warmup))
+    skip = max(1, warmup)
+    rows = timeline.compare(sim, compiled.schedules, result.records(), result.transfers(), skip=skip)
+    crossed = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes,
+                                 timeline.run_wire(result.transfers()), skip=skip)
+    modelled = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes,
+                                  timeline.model_wire(sim, len(compiled.schedules)), skip=skip)
     measured = statistics.fmean(sync_times(result.records())[warmup:])
     return {"lab": shorthand, "rate": rate, "algorithm": algorithm, "size_bytes": size,
             "measured_s": measured, "predicted_s": result.predicted.per_run,
             "ratio": measured / result.predicted.per_run, "rendezvous": result.predicted.rendezvous,
-            "steps": [dataclasses.asdict(row) for row in rows], "table": timeline.table(rows)}
+            "steps": [dataclasses.asdict(row) for row in rows],
+            "crossings": [dataclasses.asdict(c) for c in crossed],
+            "model_crossings": [dataclasses.asdict(c) for c in modelled],
+            "table": timeline.table(rows, crossed, modelled)}
 
 
 def main() -> int:

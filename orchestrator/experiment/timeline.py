@@ -101,21 +101,125 @@ def compare(sim: Simulation, schedules, records: Sequence[dict], transfers: Sequ
             for step, (transfers_, bytes_) in sorted(counts.items())]
 
 
+@dataclass(frozen=True)
+class Crossing:
+    """A step's transfers that shared a link with another step's on the wire at once, over
+    the timed allreduces: how many of how many, for how long (the median of each one's
+    longest), and the longest ("h1→h7 of step 0 on sw0→sw1, 150 ms")."""
+
+    step: int
+    transfers: int
+    crossed: int
+    median_s: float | None
+    longest: str
+
+
+# overlaps shorter than this are a message boundary, not a shared link
+MIN_OVERLAP_S = 0.001
+
+
+Wire = tuple  # (iteration, step, src, dst, on the wire from, to)
+
+
+def run_wire(transfers: Sequence[dict]) -> list[Wire]:
+    """Every traced transfer with both ends, on the wire from the send's first byte to the
+    receive's last."""
+    sends = {(t["iteration"], t["partition"], t["step"], t["rank"], t["peer"]): t
+             for t in transfers if t["kind"] == "send"}
+    out = []
+    for t in transfers:
+        if t["kind"] != "receive":
+            continue
+        send = sends.get((t["iteration"], t["partition"], t["step"], t["peer"], t["rank"]))
+        if send is not None and send["first"] and t["last"] and t["last"] > send["first"]:
+            out.append((t["iteration"], t["step"], t["peer"], t["rank"], send["first"], t["last"]))
+    return out
+
+
+def model_wire(sim: Simulation, per_iteration: int) -> list[Wire]:
+    """Every flow of the model's allreduces, on the wire from its first byte to its last."""
+    return [(f.partition // max(1, per_iteration), f.step, f.src, f.dst, f.flowing_at, f.arrived)
+            for f in sim.flows if f.flowing_at is not None and f.arrived is not None and f.arrived > f.flowing_at]
+
+
+def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], skip: int = 1) -> list[Crossing]:
+    """Per step of `schedules`, its transfers on the wire (`run_wire` or `model_wire`;
+    allreduces `skip` on) that shared a link direction of `routes` (the prediction's:
+    CompiledRun.routes) with another step's transfer while both were on it."""
+    nic = {(index, t.src, t.dst): t.nic for _, schedule in schedules
+           for index, step in enumerate(schedule.steps) for t in step}
+    links: dict[tuple[int, int, int], frozenset[int]] = {}
+    for key, via in nic.items():
+        _, src, dst = key
+        usage, _ = routes.usage(nodes[src], nodes[dst], via)
+        links[key] = frozenset(link for link, share in usage if share > 0)
+    wire = [w for w in wire if (w[1], w[2], w[3]) in links]
+    by_link: dict[int, list[Wire]] = {}
+    for w in wire:
+        for link in links[(w[1], w[2], w[3])]:
+            by_link.setdefault(link, []).append(w)
+    steps = sorted({index for index, _, _ in nic})
+    found: dict[int, list[tuple[float, str]]] = {step: [] for step in steps}
+    counted: dict[int, int] = dict.fromkeys(steps, 0)
+    for w in wire:
+        iteration, step, src, dst, start, end = w
+        if iteration < skip:
+            continue
+        counted[step] += 1
+        best, what = 0.0, ""
+        for link in links[(step, src, dst)]:
+            for other in by_link[link]:
+                if (other[0], other[1]) == (iteration, step) or (other[2], other[3]) == (src, dst):
+                    continue  # its own step; or its own connection, whose steps queue in order
+                overlap = min(end, other[5]) - max(start, other[4])
+                if overlap > best:
+                    d = routes.directions[link]
+                    ahead = "the allreduce before" if other[0] < iteration else (
+                        "the next allreduce" if other[0] > iteration else "")
+                    best, what = overlap, (f"{other[2]}→{other[3]} of step {other[1]}{' of ' + ahead if ahead else ''} "
+                                           f"on {d.src}→{d.dst} while {src}→{dst} crossed, {overlap * 1e3:,.0f} ms")
+        if best >= MIN_OVERLAP_S:
+            found[step].append((best, what))
+    out = []
+    for step in steps:
+        hits = found[step]
+        out.append(Crossing(step, counted[step], len(hits), _median([h[0] for h in hits]),
+                            max(hits)[1] if hits else ""))
+    return out
+
+
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds * 1e3:,.1f}"
 
 
-def table(rows: Sequence[StepTimes]) -> str:
-    """The steps as text: each step's end in the model and the run, and what the run lost (or
-    gained) in that step over the step before."""
+def _share(c: Crossing | None) -> str:
+    return "–" if c is None else f"{c.crossed}/{c.transfers}"
+
+
+def table(rows: Sequence[StepTimes], crossed: Sequence[Crossing] = (), modelled: Sequence[Crossing] = ()) -> str:
+    """The steps as text: each step's end in the model and the run, what the run lost (or
+    gained) in that step over the step before, and (given `crossed`, and the model's own
+    `modelled`) how many of its transfers shared a link with another step's, then the
+    longest of those per step in the run."""
+    by_step, in_model = {c.step: c for c in crossed}, {c.step: c for c in modelled}
     lines = [f"{'step':>4} {'transfers':>9} {'bytes':>12} {'model ends':>11} {'run ends':>10} "
-             f"{'slowest':>10} {'behind':>9} {'in step':>9}   (ms from the allreduce's first entry)"]
+             f"{'slowest':>10} {'behind':>9} {'in step':>9}"
+             + (f" {'crossed':>9} {'for':>7} {'in model':>9}" if crossed else "")
+             + "   (ms from the allreduce's first entry)"]
     before = 0.0
     for row in rows:
         behind = row.behind
         gained = None if behind is None else behind - before
-        lines.append(f"{row.step:>4} {row.transfers:>9} {row.bytes:>12,} {_ms(row.model_end):>11} "
-                     f"{_ms(row.measured_end):>10} {_ms(row.slowest_end):>10} {_ms(behind):>9} {_ms(gained):>9}")
+        line = (f"{row.step:>4} {row.transfers:>9} {row.bytes:>12,} {_ms(row.model_end):>11} "
+                f"{_ms(row.measured_end):>10} {_ms(row.slowest_end):>10} {_ms(behind):>9} {_ms(gained):>9}")
+        c = by_step.get(row.step)
+        if crossed:
+            line += f" {_share(c):>9} {_ms(c.median_s) if c else '–':>7} {_share(in_model.get(row.step)):>9}"
+        lines.append(line)
         if behind is not None:
             before = behind
+    longest = [f"  step {c.step}: {c.longest}" for c in crossed if c.longest]
+    if longest:
+        lines += ["a transfer of another step on the same link at once (the longest per step):",
+                  *longest]
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 steps beside the model's simulation of the very run it predicted. A ring is the schedule the
 model follows closest (1.01-1.03 × on star,8 in bench/model_accuracy.py), so every step must
 end in the run in order, near where the model has it: a misaligned allreduce (an iteration
-off, the wrong first entry) would put them a whole allreduce away."""
+off, the wrong first entry) would put them a whole allreduce away. And no transfer of a ring
+shares a link with another step's."""
 
 from __future__ import annotations
 
@@ -33,3 +34,8 @@ def test_a_traced_rings_steps_end_in_order_near_the_models(tmp_path, monkeypatch
     for s in steps:
         assert abs(s["measured_end"] - s["model_end"]) < per_step, s
     assert found["ratio"] == pytest.approx(found["measured_s"] / found["predicted_s"])
+    # a ring's rank sends to one peer and hears from one: every link carries one connection,
+    # whose steps queue in order, so no transfer shares a link with another step's, in the
+    # run as in the model; yet every transfer was on the wire and counted
+    for crossings in (found["crossings"], found["model_crossings"]):
+        assert [(c["step"], c["transfers"], c["crossed"]) for c in crossings] == [(s, 12, 0) for s in range(6)]

@@ -102,3 +102,79 @@ def _ctx(topology):
     from orchestrator.collectives.context import Context
 
     return Context(len(topology.servers), topology, tuple(s.name for s in topology.servers), {})
+
+
+# -- transfers of another step on the same link --------------------------------------------------
+
+def _star3():
+    star = make_topology("star", servers=3)
+    return star, Routes(star), [s.name for s in star.servers]
+
+
+def _fan_out() -> list[tuple[Partition, Schedule]]:
+    """star,3: rank 0 sends to rank 1 in step 0 and to rank 2 in step 1 (both over h0→sw);
+    rank 2 sends to rank 1 in step 1 (over h2→sw and sw→h1, which step 0's transfer crosses)."""
+    schedule = Schedule("by-hand", 3, 300)
+    schedule.add_step([Transfer(0, 1, 0, 100, "reduce")])
+    schedule.add_step([Transfer(0, 2, 100, 200, "reduce"), Transfer(2, 1, 200, 300, "reduce")])
+    return [(Partition(0, 300, 0), schedule)]
+
+
+def test_a_transfer_sharing_a_link_with_another_steps_is_counted_with_the_longest_overlap():
+    _, routes, nodes = _star3()
+    wire = [  # (iteration, step, src, dst, from, to)
+        (1, 0, 0, 1, 10.0, 12.0),
+        (1, 1, 0, 2, 11.5, 13.0),  # on h0→sw with step 0's for 0.5 s
+        (1, 1, 2, 1, 11.0, 11.6),  # on sw→h1 with step 0's for 0.6 s
+        (0, 1, 2, 1, 9.0, 10.2),  # the allreduce before, on sw→h1 with step 0's for 0.2 s
+        (2, 0, 0, 1, 13.5, 14.0),  # the next one's step 0: alone
+    ]
+    first, second = timeline.crossings(routes, _fan_out(), nodes, wire, skip=1)
+    assert (first.step, first.transfers, first.crossed) == (0, 2, 1)
+    assert first.median_s == pytest.approx(0.6)
+    assert first.longest == "2→1 of step 1 on sw→h1 while 0→1 crossed, 600 ms"
+    assert (second.step, second.transfers, second.crossed) == (1, 2, 2)
+    assert second.median_s == pytest.approx(0.55)
+    assert second.longest == "0→1 of step 0 on sw→h1 while 2→1 crossed, 600 ms"
+    # the allreduce before counts as another step; before `skip` a transfer is not counted itself
+    only = timeline.crossings(routes, _fan_out(), nodes, [(1, 0, 0, 1, 10.0, 12.0), (0, 1, 2, 1, 9.0, 10.2)])
+    assert only[0].crossed == 1 and only[0].longest.startswith("2→1 of step 1 of the allreduce before on sw→h1")
+    assert only[1].transfers == 0
+
+
+def test_what_does_not_share_a_link_at_once_is_not_a_crossing():
+    _, routes, nodes = _star3()
+    apart = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 2, 11.0, 12.0)]  # one after the other
+    same_connection = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 1, 10.5, 12.0)]  # its stream queues in order
+    same_step = [(1, 1, 0, 2, 10.0, 11.0), (1, 1, 2, 1, 10.0, 11.0)]
+    brief = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 2, 10.9995, 12.0)]  # a message boundary
+    schedule = Schedule("by-hand", 3, 300)
+    schedule.add_step([Transfer(0, 1, 0, 100, "reduce")])
+    schedule.add_step([Transfer(0, 2, 100, 200, "reduce"), Transfer(2, 1, 200, 300, "reduce"),
+                       Transfer(0, 1, 0, 100, "copy")])
+    for wire in (apart, same_connection, same_step, brief):
+        found = timeline.crossings(routes, [(Partition(0, 300, 0), schedule)], nodes, wire)
+        assert [c.crossed for c in found] == [0, 0], wire
+
+
+def test_the_model_crosses_where_a_socket_hands_a_step_over_early():
+    # rank 0 sends 1000 B to 1 in step 0 and 1000 B to 2 in step 1 through a socket of 600 B
+    # (tests/unit/test_cost_model.py): the second starts at 0.4 s and shares h0→sw with the
+    # first until 1.6 s; with no buffer they go one after the other
+    star, routes, nodes = _star3()
+    schedule = Schedule("by-hand", 3, 500)
+    schedule.add_step([Transfer(0, 1, 0, 250, "reduce")])
+    schedule.add_step([Transfer(0, 2, 250, 250, "reduce")])
+    schedules = [(Partition(0, 500, 0), schedule)]
+    for buffer, crossed in ((600, 1.2), (0, None)):
+        sim = simulate(routes, schedules, nodes, NETWORK, 2**30, send_buffer_bytes=buffer)
+        found = timeline.crossings(routes, schedules, nodes, timeline.model_wire(sim, 1), skip=0)
+        assert [c.median_s for c in found] == [pytest.approx(crossed) if crossed else None] * 2
+
+
+def test_a_runs_wire_spans_each_transfer_from_its_sends_first_byte_to_its_receives_last():
+    send = {"rank": 0, "peer": 1, "iteration": 1, "partition": 0, "step": 0, "kind": "send", "first": 10.0,
+            "last": 10.5, "begun": 9.0}
+    receive = {**send, "rank": 1, "peer": 0, "kind": "receive", "first": 10.2, "last": 11.0}
+    unmatched = {**receive, "step": 1}
+    assert timeline.run_wire([send, receive, unmatched]) == [(1, 0, 0, 1, 10.0, 11.0)]
