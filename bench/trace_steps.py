@@ -32,8 +32,10 @@ from orchestrator.collectives.partition import partitions  # noqa: E402
 from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
 from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
+from orchestrator.cost.simulate import ModelTooLarge  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
+from orchestrator.errors import TestbedError  # noqa: E402
 from orchestrator.experiment import timeline  # noqa: E402
 from orchestrator.experiment.results import sync_times  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
@@ -57,17 +59,25 @@ def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int,
         finally:
             lab_agents.stop(endpoints)
     compiled = result.compiled
-    sim = compiled.timeline(warmup + iterations)
-    skip = max(1, warmup)
+    prediction = result.predicted
+    skip = warmup
+    wire = timeline.run_wire(result.transfers())
+    crossed = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes, wire, skip=skip)
+    sim, modelled, caveat = None, [], ""
+    try:
+        sim = compiled.timeline(warmup + iterations)
+        modelled = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes,
+                                      timeline.model_wire(sim, len(compiled.schedules)), skip=skip)
+    except ModelTooLarge as exc:
+        caveat = f"the model's allreduces in a row are past its budget ({exc}): the run's steps alone"
+    if not caveat and prediction.back_to_back is None:
+        caveat = (f"predicted: one allreduce alone ({prediction.model} model; the allreduces in a row were past its "
+                  "budget), while the steps' model columns are the allreduces in a row")
     rows = timeline.compare(sim, compiled.schedules, result.records(), result.transfers(), skip=skip)
-    crossed = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes,
-                                 timeline.run_wire(result.transfers()), skip=skip)
-    modelled = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes,
-                                  timeline.model_wire(sim, len(compiled.schedules)), skip=skip)
     measured = statistics.fmean(sync_times(result.records())[warmup:])
     return {"lab": shorthand, "rate": rate, "algorithm": algorithm, "size_bytes": size,
-            "measured_s": measured, "predicted_s": result.predicted.per_run,
-            "ratio": measured / result.predicted.per_run, "rendezvous": result.predicted.rendezvous,
+            "measured_s": measured, "predicted_s": prediction.per_run, "ratio": measured / prediction.per_run,
+            "rendezvous": prediction.rendezvous, "caveat": caveat,
             "steps": [dataclasses.asdict(row) for row in rows],
             "crossings": [dataclasses.asdict(c) for c in crossed],
             "model_crossings": [dataclasses.asdict(c) for c in modelled],
@@ -86,16 +96,24 @@ def main() -> int:
     args = parser.parse_args()
     if args.algorithm not in registry.ALGORITHMS:
         parser.error(f"algorithm: {args.algorithm!r} is not one of {', '.join(sorted(registry.ALGORITHMS))}")
-    if args.iterations < 1 or args.warmup < 0:
-        parser.error("--iterations must be at least 1 and --warmup at least 0")
+    if args.iterations < 1 or args.warmup < 0 or args.iterations + args.warmup < 2:
+        parser.error("--iterations must be at least 1 and --warmup at least 0, two allreduces in all "
+                     "(a time per synchronisation runs from one's end to the next's)")
     rate = args.rate or dict(LABS).get(args.lab, "100Mbit")
-    found = trace(args.lab, rate, args.algorithm, units.parse_size(args.size), args.iterations, args.warmup)
+    try:
+        size = units.parse_size(args.size)
+        found = trace(args.lab, rate, args.algorithm, size, args.iterations, args.warmup)
+    except (TestbedError, ValueError) as exc:  # a lab, size or rate it cannot take: one line
+        print(f"trace_steps: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({k: v for k, v in found.items() if k != "table"}))
         return 0
     print(f"{found['lab']} at {rate}, {found['algorithm']}, {args.size}: measured {found['measured_s'] * 1e3:,.1f} ms "
           f"per synchronisation, predicted {found['predicted_s'] * 1e3:,.1f} ms ({found['ratio']:.3f} ×; "
           f"rendezvous {'taken' if found['rendezvous'] else 'not taken'})")
+    if found["caveat"]:
+        print(found["caveat"])
     print(found["table"])
     return 0
 

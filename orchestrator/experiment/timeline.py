@@ -7,16 +7,24 @@ run: the earliest `start_time` of its records; the model: the earliest exit from
 before). A step ends when its last transfer has landed (a run: the latest `last` of its
 traced receives; the model: the latest `finished` of its flows), counted from that
 beginning. The model's allreduces in a row settle into the same times from the second on;
-a run's vary, so each step shows the median and the slowest over the timed ones. Pure:
+a run's vary, so each step shows the median and the slowest over the timed ones.
+
+What a step lost is often another step's doing: a rank that entered late is still in the
+step before while its partners' next step crosses the same link (HDRM on bigraph,4,2 at
+4 MiB, 1.10-1.27 × the model: a pair late in step 0 shared sl0→su0 with step 1's pair for
+over 100 ms), which the model's lockstep never has. So each step also counts its transfers
+that shared a link direction with a transfer of another step while both were under way
+(`crossings`): from the first byte sent to the last applied at the receiver, in the run
+and in the model alike, over the links the prediction routed each connection on. Pure:
 the run's records and transfers (driver.RunResult.records/transfers) and the model's
-Simulation (CompiledRun.timeline) come in.
+Simulation (CompiledRun.timeline) and routes come in.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from orchestrator.cost.simulate import Simulation
 
@@ -84,17 +92,17 @@ def measured_steps(records: Sequence[dict], transfers: Sequence[dict], skip: int
     return out
 
 
-def compare(sim: Simulation, schedules, records: Sequence[dict], transfers: Sequence[dict], skip: int = 1,
+def compare(sim: Simulation | None, schedules, records: Sequence[dict], transfers: Sequence[dict], skip: int = 1,
             itemsize: int = 4) -> list[StepTimes]:
     """Every step of `schedules` ([(Partition, Schedule)], one allreduce) with its end in the
-    model (`sim`, the same schedules back to back) and in the traced run."""
+    model (`sim`, the same schedules back to back; None: the run's alone) and in the traced run."""
     counts: dict[int, list[int]] = {}
     for _, schedule in schedules:
         for index, step in enumerate(schedule.steps):
             tally = counts.setdefault(index, [0, 0])
             tally[0] += len(step)
             tally[1] += sum(t.length for t in step) * itemsize
-    model = model_steps(sim, len(schedules), skip)
+    model = model_steps(sim, len(schedules), skip) if sim is not None else {}
     measured = measured_steps(records, transfers, skip)
     return [StepTimes(step, transfers_, bytes_, model.get(step), _median(measured.get(step, [])),
                       max(measured[step]) if measured.get(step) else None)
@@ -103,12 +111,12 @@ def compare(sim: Simulation, schedules, records: Sequence[dict], transfers: Sequ
 
 @dataclass(frozen=True)
 class Crossing:
-    """A step's transfers that shared a link with another step's on the wire at once, over
-    the timed allreduces: how many of how many, for how long (the median of each one's
-    longest), and the longest ("h1→h7 of step 0 on sw0→sw1, 150 ms")."""
+    """A step's transfers that shared a link with another step's while both were under way,
+    over the allreduces looked at: how many of how many, for how long (the median of each
+    one's longest overlap), and the longest ("h01→h02 of step 0 on sw→h02 while ...")."""
 
     step: int
-    transfers: int
+    transfers: int  # over every allreduce looked at (a step's transfers × allreduces)
     crossed: int
     median_s: float | None
     longest: str
@@ -118,68 +126,92 @@ class Crossing:
 MIN_OVERLAP_S = 0.001
 
 
-Wire = tuple  # (iteration, step, src, dst, on the wire from, to)
+class Wire(NamedTuple):
+    """A transfer under way: from its first byte sent to its last applied at the receiver."""
+
+    iteration: int
+    partition: int
+    step: int
+    src: int
+    dst: int
+    start: float
+    end: float
 
 
 def run_wire(transfers: Sequence[dict]) -> list[Wire]:
-    """Every traced transfer with both ends, on the wire from the send's first byte to the
-    receive's last."""
-    sends = {(t["iteration"], t["partition"], t["step"], t["rank"], t["peer"]): t
-             for t in transfers if t["kind"] == "send"}
+    """Every traced transfer with both ends: from the send's first byte to the receive's
+    last chunk applied (a receiver applies a step's chunks once it has entered the step:
+    bytes of a step it has not reached wait in its buffers meanwhile, under way still)."""
+    def key(t: dict, src: int, dst: int) -> tuple:
+        return t["iteration"], t["partition"], t["step"], src, dst, t["offset"], t["count"]
+
+    sends = {key(t, t["rank"], t["peer"]): t for t in transfers if t["kind"] == "send"}
     out = []
     for t in transfers:
         if t["kind"] != "receive":
             continue
-        send = sends.get((t["iteration"], t["partition"], t["step"], t["peer"], t["rank"]))
+        send = sends.get(key(t, t["peer"], t["rank"]))
         if send is not None and send["first"] and t["last"] and t["last"] > send["first"]:
-            out.append((t["iteration"], t["step"], t["peer"], t["rank"], send["first"], t["last"]))
+            out.append(Wire(t["iteration"], t["partition"], t["step"], t["peer"], t["rank"], send["first"], t["last"]))
     return out
 
 
 def model_wire(sim: Simulation, per_iteration: int) -> list[Wire]:
-    """Every flow of the model's allreduces, on the wire from its first byte to its last."""
-    return [(f.partition // max(1, per_iteration), f.step, f.src, f.dst, f.flowing_at, f.arrived)
-            for f in sim.flows if f.flowing_at is not None and f.arrived is not None and f.arrived > f.flowing_at]
+    """Every flow of the model's allreduces, as `run_wire` reads a run's: from its first
+    byte to its last chunk applied."""
+    per = max(1, per_iteration)
+    return [Wire(f.partition // per, f.partition % per, f.step, f.src, f.dst, f.flowing_at, f.finished)
+            for f in sim.flows if f.flowing_at is not None and f.finished is not None and f.finished > f.flowing_at]
 
 
 def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], skip: int = 1) -> list[Crossing]:
-    """Per step of `schedules`, its transfers on the wire (`run_wire` or `model_wire`;
+    """Per step of `schedules`, its transfers under way (`run_wire` or `model_wire`;
     allreduces `skip` on) that shared a link direction of `routes` (the prediction's:
-    CompiledRun.routes) with another step's transfer while both were on it."""
-    nic = {(index, t.src, t.dst): t.nic for _, schedule in schedules
-           for index, step in enumerate(schedule.steps) for t in step}
-    links: dict[tuple[int, int, int], frozenset[int]] = {}
+    CompiledRun.routes) with another step's transfer, or another partition's, while both
+    were under way; not with another transfer of its own connection, whose steps queue in
+    order on it."""
+    nic: dict[tuple[int, int, int, int], int | None] = {}
+    for p, (_, schedule) in enumerate(schedules):
+        for index, step in enumerate(schedule.steps):
+            for t in step:
+                nic.setdefault((p, index, t.src, t.dst), t.nic)
+    links: dict[tuple[int, int, int, int], frozenset[int]] = {}
     for key, via in nic.items():
-        _, src, dst = key
-        usage, _ = routes.usage(nodes[src], nodes[dst], via)
+        usage, _ = routes.usage(nodes[key[2]], nodes[key[3]], via)
         links[key] = frozenset(link for link, share in usage if share > 0)
-    wire = [w for w in wire if (w[1], w[2], w[3]) in links]
+
+    def where(w: Wire) -> tuple[int, int, int, int]:
+        return w.partition, w.step, w.src, w.dst
+
+    wire = [w for w in wire if where(w) in links]
     by_link: dict[int, list[Wire]] = {}
     for w in wire:
-        for link in links[(w[1], w[2], w[3])]:
+        for link in links[where(w)]:
             by_link.setdefault(link, []).append(w)
-    steps = sorted({index for index, _, _ in nic})
+    steps = sorted({key[1] for key in nic})
     found: dict[int, list[tuple[float, str]]] = {step: [] for step in steps}
     counted: dict[int, int] = dict.fromkeys(steps, 0)
     for w in wire:
-        iteration, step, src, dst, start, end = w
-        if iteration < skip:
+        if w.iteration < skip:
             continue
-        counted[step] += 1
+        counted[w.step] += 1
+        connection = (w.src, w.dst, nic[where(w)])
         best, what = 0.0, ""
-        for link in links[(step, src, dst)]:
+        for link in links[where(w)]:
             for other in by_link[link]:
-                if (other[0], other[1]) == (iteration, step) or (other[2], other[3]) == (src, dst):
-                    continue  # its own step; or its own connection, whose steps queue in order
-                overlap = min(end, other[5]) - max(start, other[4])
+                if (other.iteration, other.partition, other.step) == (w.iteration, w.partition, w.step) or \
+                        (other.src, other.dst, nic[where(other)]) == connection:
+                    continue
+                overlap = min(w.end, other.end) - max(w.start, other.start)
                 if overlap > best:
                     d = routes.directions[link]
-                    ahead = "the allreduce before" if other[0] < iteration else (
-                        "the next allreduce" if other[0] > iteration else "")
-                    best, what = overlap, (f"{other[2]}→{other[3]} of step {other[1]}{' of ' + ahead if ahead else ''} "
-                                           f"on {d.src}→{d.dst} while {src}→{dst} crossed, {overlap * 1e3:,.0f} ms")
+                    when = " of the allreduce before" if other.iteration < w.iteration else (
+                        " of the next allreduce" if other.iteration > w.iteration else "")
+                    best, what = overlap, (f"{nodes[other.src]}→{nodes[other.dst]} of step {other.step}{when} on "
+                                           f"{d.src}→{d.dst} while {nodes[w.src]}→{nodes[w.dst]} of step {w.step} "
+                                           f"was under way, {overlap * 1e3:,.0f} ms")
         if best >= MIN_OVERLAP_S:
-            found[step].append((best, what))
+            found[w.step].append((best, what))
     out = []
     for step in steps:
         hits = found[step]
@@ -193,33 +225,34 @@ def _ms(seconds: float | None) -> str:
 
 
 def _share(c: Crossing | None) -> str:
-    return "–" if c is None else f"{c.crossed}/{c.transfers}"
+    return "–" if c is None or not c.transfers else f"{c.crossed / c.transfers:.0%}"
 
 
 def table(rows: Sequence[StepTimes], crossed: Sequence[Crossing] = (), modelled: Sequence[Crossing] = ()) -> str:
-    """The steps as text: each step's end in the model and the run, what the run lost (or
-    gained) in that step over the step before, and (given `crossed`, and the model's own
-    `modelled`) how many of its transfers shared a link with another step's, then the
-    longest of those per step in the run."""
+    """The steps as text: each step's end in the model and in the run (median, slowest), how
+    far the run's median trails the model's ("behind") and how much of that it added since
+    the step before ("grew": a difference of medians); given `crossed` (and the model's own
+    `modelled`), the share of its transfers that shared a link with another step's while
+    both were under way, the median overlap, and the longest per step in the run."""
     by_step, in_model = {c.step: c for c in crossed}, {c.step: c for c in modelled}
     lines = [f"{'step':>4} {'transfers':>9} {'bytes':>12} {'model ends':>11} {'run ends':>10} "
-             f"{'slowest':>10} {'behind':>9} {'in step':>9}"
-             + (f" {'crossed':>9} {'for':>7} {'in model':>9}" if crossed else "")
-             + "   (ms from the allreduce's first entry)"]
+             f"{'slowest':>10} {'behind':>9} {'grew':>9}"
+             + (f" {'crossed':>8} {'for':>7} {'in model':>9}" if crossed else "")
+             + "   (ms from the allreduce's first entry; per allreduce)"]
     before = 0.0
     for row in rows:
         behind = row.behind
-        gained = None if behind is None else behind - before
+        grew = None if behind is None else behind - before
         line = (f"{row.step:>4} {row.transfers:>9} {row.bytes:>12,} {_ms(row.model_end):>11} "
-                f"{_ms(row.measured_end):>10} {_ms(row.slowest_end):>10} {_ms(behind):>9} {_ms(gained):>9}")
+                f"{_ms(row.measured_end):>10} {_ms(row.slowest_end):>10} {_ms(behind):>9} {_ms(grew):>9}")
         c = by_step.get(row.step)
         if crossed:
-            line += f" {_share(c):>9} {_ms(c.median_s) if c else '–':>7} {_share(in_model.get(row.step)):>9}"
+            line += f" {_share(c):>8} {_ms(c.median_s) if c else '–':>7} {_share(in_model.get(row.step)):>9}"
         lines.append(line)
         if behind is not None:
             before = behind
     longest = [f"  step {c.step}: {c.longest}" for c in crossed if c.longest]
     if longest:
-        lines += ["a transfer of another step on the same link at once (the longest per step):",
-                  *longest]
+        lines += ["crossed: a transfer of another step on the same link while both were under way "
+                  "(first byte sent to last applied); the longest per step:", *longest]
     return "\n".join(lines)

@@ -7,8 +7,6 @@ shares a link with another step's."""
 
 from __future__ import annotations
 
-import pytest
-
 from bench import trace_steps
 from orchestrator.emulation import cleanup
 
@@ -19,6 +17,7 @@ def test_a_traced_rings_steps_end_in_order_near_the_models(tmp_path, monkeypatch
         found = trace_steps.trace("star,4", "100Mbit", "ring", 2 * 2**20, iterations=3, warmup=1)
     finally:
         cleanup.clean_lab("trace-star")
+    assert found["caveat"] == ""  # the model followed the allreduces in a row, as it predicted them
     steps = found["steps"]
     print(found["table"])
     # a ring of 4: 3 reduce-scatter steps and 3 all-gather steps, 4 transfers of 512 KiB each
@@ -33,9 +32,8 @@ def test_a_traced_rings_steps_end_in_order_near_the_models(tmp_path, monkeypatch
     per_step = model[-1] / 6
     for s in steps:
         assert abs(s["measured_end"] - s["model_end"]) < per_step, s
-    assert found["ratio"] == pytest.approx(found["measured_s"] / found["predicted_s"])
     # a ring's rank sends to one peer and hears from one: every link carries one connection,
     # whose steps queue in order, so no transfer shares a link with another step's, in the
-    # run as in the model; yet every transfer was on the wire and counted
+    # run as in the model; yet every transfer of the 3 timed allreduces was counted
     for crossings in (found["crossings"], found["model_crossings"]):
         assert [(c["step"], c["transfers"], c["crossed"]) for c in crossings] == [(s, 12, 0) for s in range(6)]

@@ -4,12 +4,15 @@ traced receives, both counted from each allreduce's first entry."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.collectives.partition import Partition
 from orchestrator.collectives.schedule import Schedule, Transfer
 from orchestrator.cost import Network
 from orchestrator.cost.compiled import compile_run
+from orchestrator.cost.predict import BACK_TO_BACK
 from orchestrator.cost.routes import Routes
 from orchestrator.cost.simulate import simulate
 from orchestrator.experiment import timeline
@@ -92,10 +95,26 @@ def test_a_runs_timeline_comes_from_its_prediction():
     compiled = compile_run("ring", _ctx(star), 3000, [Partition(0, 3000, 0)], nodes=[s.name for s in star.servers])
     with pytest.raises(ValueError, match="predicted"):
         compiled.timeline(2)
-    predicted = compiled.predicted(NETWORK, star)
-    sim = predicted.timeline(4)
-    # the same model the prediction ran: its allreduces in a row take the time per run it gave
+    # halving-doubling on star,8 at 4 MiB with the rendezvous (which the model takes there),
+    # a small socket buffer and a credit window: the timeline is the model the prediction
+    # ran, so its allreduces in a row take the time per run it gave; dropping any of these
+    # from it changes that time
+    star8 = make_topology("star", servers=8)
+    elements = 2**20
+    compiled = compile_run("halving-doubling", _ctx(star8), elements, [Partition(0, elements // 2, 0),
+                                                                        Partition(elements // 2, elements // 2, 1)],
+                           nodes=[s.name for s in star8.servers], chunk_bytes=256 * 1024, credit_bytes=2**20,
+                           send_buffer_bytes=64 * 1024, rendezvous=True)
+    predicted = compiled.predicted(Network(200e6, latency=1e-4), star8)
+    assert predicted.prediction.rendezvous and predicted.prediction.back_to_back is not None
+    sim = predicted.timeline(BACK_TO_BACK)
     assert sim.period == pytest.approx(predicted.prediction.per_run, rel=1e-9)
+    eager = dataclasses.replace(predicted, prediction=dataclasses.replace(predicted.prediction, rendezvous=False))
+    in_a_row = eager.timeline(BACK_TO_BACK).period  # the plans follow the prediction's choice (meets)
+    assert in_a_row != pytest.approx(sim.period, rel=1e-6)
+    for changed in (dict(send_buffer_bytes=3 * 2**20), dict(credit_bytes=0), dict(chunk_bytes=64 * 1024)):
+        other = dataclasses.replace(eager, **changed)
+        assert other.timeline(BACK_TO_BACK).period != pytest.approx(in_a_row, rel=1e-6), changed
 
 
 def _ctx(topology):
@@ -105,6 +124,10 @@ def _ctx(topology):
 
 
 # -- transfers of another step on the same link --------------------------------------------------
+
+def _w(iteration: int, step: int, src: int, dst: int, start: float, end: float, partition: int = 0):
+    return timeline.Wire(iteration, partition, step, src, dst, start, end)
+
 
 def _star3():
     star = make_topology("star", servers=3)
@@ -122,32 +145,30 @@ def _fan_out() -> list[tuple[Partition, Schedule]]:
 
 def test_a_transfer_sharing_a_link_with_another_steps_is_counted_with_the_longest_overlap():
     _, routes, nodes = _star3()
-    wire = [  # (iteration, step, src, dst, from, to)
-        (1, 0, 0, 1, 10.0, 12.0),
-        (1, 1, 0, 2, 11.5, 13.0),  # on h0→sw with step 0's for 0.5 s
-        (1, 1, 2, 1, 11.0, 11.6),  # on sw→h1 with step 0's for 0.6 s
-        (0, 1, 2, 1, 9.0, 10.2),  # the allreduce before, on sw→h1 with step 0's for 0.2 s
-        (2, 0, 0, 1, 13.5, 14.0),  # the next one's step 0: alone
-    ]
+    wire = [_w(1, 0, 0, 1, 10.0, 12.0),
+            _w(1, 1, 0, 2, 11.5, 13.0),  # on h0→sw with step 0's for 0.5 s
+            _w(1, 1, 2, 1, 11.0, 11.6),  # on sw→h1 with step 0's for 0.6 s
+            _w(0, 1, 2, 1, 9.0, 10.2),  # the allreduce before, on sw→h1 with step 0's for 0.2 s
+            _w(2, 0, 0, 1, 13.5, 14.0)]  # the next one's step 0: alone
     first, second = timeline.crossings(routes, _fan_out(), nodes, wire, skip=1)
     assert (first.step, first.transfers, first.crossed) == (0, 2, 1)
     assert first.median_s == pytest.approx(0.6)
-    assert first.longest == "2→1 of step 1 on sw→h1 while 0→1 crossed, 600 ms"
+    assert first.longest == "h2→h1 of step 1 on sw→h1 while h0→h1 of step 0 was under way, 600 ms"
     assert (second.step, second.transfers, second.crossed) == (1, 2, 2)
     assert second.median_s == pytest.approx(0.55)
-    assert second.longest == "0→1 of step 0 on sw→h1 while 2→1 crossed, 600 ms"
+    assert second.longest == "h0→h1 of step 0 on sw→h1 while h2→h1 of step 1 was under way, 600 ms"
     # the allreduce before counts as another step; before `skip` a transfer is not counted itself
-    only = timeline.crossings(routes, _fan_out(), nodes, [(1, 0, 0, 1, 10.0, 12.0), (0, 1, 2, 1, 9.0, 10.2)])
-    assert only[0].crossed == 1 and only[0].longest.startswith("2→1 of step 1 of the allreduce before on sw→h1")
+    only = timeline.crossings(routes, _fan_out(), nodes, [_w(1, 0, 0, 1, 10.0, 12.0), _w(0, 1, 2, 1, 9.0, 10.2)])
+    assert only[0].crossed == 1 and only[0].longest.startswith("h2→h1 of step 1 of the allreduce before on sw→h1")
     assert only[1].transfers == 0
 
 
 def test_what_does_not_share_a_link_at_once_is_not_a_crossing():
     _, routes, nodes = _star3()
-    apart = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 2, 11.0, 12.0)]  # one after the other
-    same_connection = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 1, 10.5, 12.0)]  # its stream queues in order
-    same_step = [(1, 1, 0, 2, 10.0, 11.0), (1, 1, 2, 1, 10.0, 11.0)]
-    brief = [(1, 0, 0, 1, 10.0, 11.0), (1, 1, 0, 2, 10.9995, 12.0)]  # a message boundary
+    apart = [_w(1, 0, 0, 1, 10.0, 11.0), _w(1, 1, 0, 2, 11.0, 12.0)]  # one after the other
+    same_connection = [_w(1, 0, 0, 1, 10.0, 11.0), _w(1, 1, 0, 1, 10.5, 12.0)]  # its stream queues in order
+    same_step = [_w(1, 1, 0, 2, 10.0, 11.0), _w(1, 1, 2, 1, 10.0, 11.0)]
+    brief = [_w(1, 0, 0, 1, 10.0, 11.0), _w(1, 1, 0, 2, 10.9995, 12.0)]  # a message boundary
     schedule = Schedule("by-hand", 3, 300)
     schedule.add_step([Transfer(0, 1, 0, 100, "reduce")])
     schedule.add_step([Transfer(0, 2, 100, 200, "reduce"), Transfer(2, 1, 200, 300, "reduce"),
@@ -173,8 +194,23 @@ def test_the_model_crosses_where_a_socket_hands_a_step_over_early():
 
 
 def test_a_runs_wire_spans_each_transfer_from_its_sends_first_byte_to_its_receives_last():
-    send = {"rank": 0, "peer": 1, "iteration": 1, "partition": 0, "step": 0, "kind": "send", "first": 10.0,
-            "last": 10.5, "begun": 9.0}
+    send = {"rank": 0, "peer": 1, "iteration": 1, "partition": 0, "step": 0, "kind": "send", "offset": 0,
+            "count": 100, "first": 10.0, "last": 10.5, "begun": 9.0}
     receive = {**send, "rank": 1, "peer": 0, "kind": "receive", "first": 10.2, "last": 11.0}
+    # a second range between the same two in the same step: a transfer of its own
+    send2, receive2 = {**send, "offset": 100, "first": 10.5}, {**receive, "offset": 100, "last": 11.5}
     unmatched = {**receive, "step": 1}
-    assert timeline.run_wire([send, receive, unmatched]) == [(1, 0, 0, 1, 10.0, 11.0)]
+    assert timeline.run_wire([send, receive, send2, receive2, unmatched]) == [
+        (1, 0, 0, 0, 1, 10.0, 11.0), (1, 0, 0, 0, 1, 10.5, 11.5)]
+
+
+def test_another_partitions_transfer_on_the_same_link_crosses_though_its_step_is_the_same():
+    _, routes, nodes = _star3()
+    schedule = Schedule("by-hand", 3, 100)
+    schedule.add_step([Transfer(0, 1, 0, 100, "reduce")])
+    other = Schedule("by-hand", 3, 100)
+    other.add_step([Transfer(0, 2, 0, 100, "reduce")])
+    schedules = [(Partition(0, 100, 0), schedule), (Partition(100, 100, 1), other)]
+    wire = [_w(1, 0, 0, 1, 10.0, 11.0), _w(1, 0, 0, 2, 10.5, 12.0, partition=1)]  # both on h0→sw
+    (only,) = timeline.crossings(routes, schedules, nodes, wire)
+    assert (only.transfers, only.crossed) == (2, 2) and only.median_s == pytest.approx(0.5)
