@@ -78,16 +78,24 @@ def algorithms_for(lab) -> list[str]:
     return runnable
 
 
-def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterations: int, warmup: int) -> dict:
+def run_point(lab, endpoints, network: Network, algorithm: str, size: int, iterations: int, warmup: int,
+              trace: bool = False):
+    """`warmup` + `iterations` allreduces of `size` bytes back to back over the lab's agents,
+    super-packets sized as `run` sizes them: (driver.RunResult, its Context)."""
     elements = size // 4
     eps = list(endpoints)
     ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps), OPTIONS.get(algorithm, {}))
     lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(algorithm, ctx, elements,
                                                                       partitions([elements], None))))  # as `run` does
-    before = cpu_counters()
     result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),
                         iterations=warmup + iterations, ctx=ctx, network=network,
-                        flow_paths=lab_agents.flow_paths(lab))
+                        flow_paths=lab_agents.flow_paths(lab), trace=trace)
+    return result, ctx
+
+
+def measure(lab, endpoints, network: Network, algorithm: str, size: int, iterations: int, warmup: int) -> dict:
+    before = cpu_counters()
+    result, ctx = run_point(lab, endpoints, network, algorithm, size, iterations, warmup)
     after = cpu_counters()
     measured = statistics.fmean(sync_times(result.records())[warmup:])
     predicted = result.predicted.per_run

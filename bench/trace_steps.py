@@ -24,14 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.model_accuracy import LABS, OPTIONS, with_alpha  # noqa: E402
+from bench.model_accuracy import LABS, run_point, with_alpha  # noqa: E402
 from orchestrator import units  # noqa: E402
 from orchestrator.collectives import registry  # noqa: E402
-from orchestrator.collectives.context import Context  # noqa: E402
-from orchestrator.collectives.partition import partitions  # noqa: E402
-from orchestrator.control import driver, workloads  # noqa: E402
 from orchestrator.cost import Network  # noqa: E402
-from orchestrator.cost.compiled import smallest_transfer_bytes  # noqa: E402
 from orchestrator.cost.simulate import ModelTooLarge  # noqa: E402
 from orchestrator.deploy import lab_agents  # noqa: E402
 from orchestrator.emulation import Lab  # noqa: E402
@@ -44,18 +40,11 @@ from orchestrator.spec import lab_from_argument  # noqa: E402
 def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int, warmup: int) -> dict:
     spec = lab_from_argument(shorthand, name="trace-" + shorthand.split(",")[0],
                              **{"servers.runtime": "netns", "links.bandwidth": rate})
-    elements = size // 4
     with Lab.up(spec) as lab:
         endpoints = lab_agents.start(lab)
         try:
             network = with_alpha(lab, endpoints, Network.from_links(spec.links))
-            eps = list(endpoints)
-            ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps), OPTIONS.get(algorithm, {}))
-            lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(algorithm, ctx, elements,
-                                                                              partitions([elements], None))))
-            result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),
-                                iterations=warmup + iterations, ctx=ctx, network=network,
-                                flow_paths=lab_agents.flow_paths(lab), trace=True)
+            result, _ = run_point(lab, endpoints, network, algorithm, size, iterations, warmup, trace=True)
         finally:
             lab_agents.stop(endpoints)
     compiled = result.compiled

@@ -172,9 +172,8 @@ def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], ski
     order on it."""
     nic: dict[tuple[int, int, int, int], int | None] = {}
     for p, (_, schedule) in enumerate(schedules):
-        for index, step in enumerate(schedule.steps):
-            for t in step:
-                nic.setdefault((p, index, t.src, t.dst), t.nic)
+        for index, t in schedule.transfers():
+            nic.setdefault((p, index, t.src, t.dst), t.nic)
     links: dict[tuple[int, int, int, int], frozenset[int]] = {}
     for key, via in nic.items():
         usage, _ = routes.usage(nodes[key[2]], nodes[key[3]], via)
