@@ -5,10 +5,11 @@
 # their reason printed (-rs); pytest's "no tests collected" (exit 5) is not a failure.
 # Arguments go to every tier's pytest; given paths (tests/...), one pytest runs just those.
 # The unit tier (pure logic, no lab) runs on every core (pytest-xdist): 123 s instead of 246-270 s
-# on 2 cores. The other tiers time real processes and labs: one test at a time.
+# on 2 cores. The other tiers time real processes and labs: one test at a time. Each tier
+# names its slowest tests (--durations), which is where CI's 45 minutes go.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-PYTEST=(.venv/bin/python -m pytest -rs -p no:cacheprovider)
+PYTEST=(.venv/bin/python -m pytest -rs -p no:cacheprovider --durations=12 --durations-min=5)
 
 for arg in "$@"; do
     if [[ $arg == tests* ]]; then

@@ -1,8 +1,11 @@
 """Surviving faults on live labs (bare namespaces, agents forked in): a server crashed
-mid-run under ps, ring and bml (star,4 and bcube,2,1): the run finishes over the survivors;
-restarted and redeployed, the server rejoins at an iteration boundary with the current
-parameters; a link cut on a multi-path BCube slows a run and fails nothing. The history
-checker finds nothing lost or counted twice in every run."""
+mid-run under ring and under ps with a server of its own (star,4): the run finishes over the
+survivors; restarted and redeployed, the server rejoins at an iteration boundary with the
+current parameters. The history checker finds nothing lost or counted twice in every run.
+
+Here too: Job, agents() and clean(), which test_survive_each_fault.py (every fault kind, ring
+and bml on bcube,4,1 and fattree,4: crashes, pauses, partitions, cut links and switches) runs
+its jobs with."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from orchestrator.control import checker, driver, workloads
 
 STALL = 5.0
 TENSORS = [500_000]
-ITERATIONS = 90
+# ~0.22 s each (0.2 s of compute): the crash at 3, ~5 s of stall, two iterations re-formed and
+# a redeploy of ~1-3 s leave the rejoin near 20 and ~30 iterations to spare
+ITERATIONS = 50
 
 
 def make_lab(argument: str, name: str):
@@ -35,16 +40,6 @@ def make_lab(argument: str, name: str):
 @pytest.fixture(scope="module")
 def star():
     lab = make_lab("star,4", "sv-star")
-    try:
-        yield lab
-    finally:
-        Injector(lab).heal()
-        cleanup.clean_lab(lab.name)
-
-
-@pytest.fixture(scope="module")
-def bcube():
-    lab = make_lab("bcube,2,1", "sv-bcube")
     try:
         yield lab
     finally:
@@ -96,6 +91,12 @@ class Job:
         return self.outcome["result"]
 
 
+def iteration_of(eps) -> int:
+    """The iteration the slowest of these agents is at."""
+    with driver.control_stubs(eps) as stubs:
+        return min(stubs[e.control].Status(driver.pb.Empty(), timeout=5).iteration for e in eps)
+
+
 def clean(result: driver.RunResult) -> checker.Report:
     report = checker.check_run(result)
     print(result.history, report)
@@ -104,24 +105,22 @@ def clean(result: driver.RunResult) -> checker.Report:
     return report
 
 
-VICTIM = {"star": "h2", "bcube": "h10"}
-CRASHES = [("ring", "star", {}, None), ("ps", "star", {"shards": 1}, {"h3": "ps"}), ("ring", "bcube", {}, None),
-           ("bml", "bcube", {}, None)]
+# ring and bml on bcube: test_survive_each_fault.py, on bcube,4,1
+CRASHES = [("ring", {}, None), ("ps", {"shards": 1}, {"h3": "ps"})]
 
 
-@pytest.mark.parametrize("algorithm,labname,options,roles", CRASHES, ids=[f"{a}-{l}" for a, l, _, _ in CRASHES])
-def test_a_crashed_server_is_dropped_and_restarted_it_rejoins(request, algorithm, labname, options, roles):
-    victim = VICTIM[labname]
-    lab = request.getfixturevalue(labname)
+@pytest.mark.parametrize("algorithm,options,roles", CRASHES, ids=[f"{a}-star" for a, _, _ in CRASHES])
+def test_a_crashed_server_is_dropped_and_restarted_it_rejoins(star, algorithm, options, roles):
+    victim, lab = "h2", star
     eps = agents(lab, roles)
     job = Job(lab, eps, algorithm, options)
     job.until_iteration(3)
     injector = Injector(lab)
     injector.inject("server-crash", victim)
     survivors = [e for e in eps if e.node != victim]
-    time.sleep(STALL + 3)
-    # re-formed and under way without h2; then h2 comes back
-    job.until_iteration(8, survivors)
+    # re-formed and under way without h2 (neither the old ring nor the old ps finishes an
+    # iteration without it); then h2 comes back
+    job.until_iteration(iteration_of(survivors) + 2, survivors)
     injector.inject("server-restart", victim)
     job.back = deploy(lab, [victim], roles=roles, via="exec").endpoints
     result = job.result()
@@ -135,24 +134,3 @@ def test_a_crashed_server_is_dropped_and_restarted_it_rejoins(request, algorithm
     assert all(rec.iteration < result.history[1].first or rec.iteration >= rejoined_at for rec in h2.records)
     report = clean(result)
     assert [m for _, m in report.membership] == [e.members for e in result.history]
-
-
-def test_a_cut_link_on_a_multi_path_bcube_slows_the_run_and_fails_nothing(bcube):
-    eps = agents(bcube)
-    job = Job(bcube, eps, "ring")
-    job.until_iteration(3)
-    injector = Injector(bcube)
-    cut = injector.inject("link-down", _a_link_of(bcube, "h01"))
-    try:
-        result = job.result()
-    finally:
-        injector.undo(cut.fault.id)
-    # nobody was dropped: at most a retry over fresh connections, which take the rerouted path
-    assert all(e.members == (0, 1, 2, 3) for e in result.history), result.history
-    assert all(e.reason == "start" or e.reason.startswith("retried") for e in result.history), result.history
-    clean(result)
-
-
-def _a_link_of(lab, server: str) -> str:
-    link = next(link for link in lab.topology.links if server in (link.a.node, link.b.node))
-    return f"{link.a.node}-{link.b.node}"

@@ -3,7 +3,7 @@ workers unless said), on bcube,4,1 (two NICs a server, servers relay) and fattre
 a server, a multi-path fabric); the history checker is clean after every run.
 
 - Fabric faults — link-down, link-flap, link-degrade, switch-down of a level-0 and of a
-  level-1 BCube switch, link-down on the Fat-Tree: BCube has k+1 = 2 disjoint paths between
+  level-1 BCube switch, link-down and a core switch down on the Fat-Tree: BCube has k+1 = 2 disjoint paths between
   any two servers and the Fat-Tree several, so the run goes on while the fault holds and
   nobody is dropped (at most a retry over fresh connections, which take the rerouted paths).
 - server-crash, then server-restart and a redeploy (ring and BML on BCube, ring on the
@@ -35,7 +35,7 @@ from orchestrator.faults import Injector
 from orchestrator.control import driver
 from orchestrator.control.stalls import RankView, Stall, _dead_edges
 from tests.netns import test_survive as survive
-from tests.netns.test_survive import Job, agents, clean, make_lab
+from tests.netns.test_survive import Job, agents, clean, iteration_of, make_lab
 
 ITERATIONS = 30  # test_survive's 90 take ~45 s on 16 servers: 16 agents share the 2 cores (~0.5 s an iteration)
 NAMED_WITHIN = 25.0  # seconds from a pause to the survivors two iterations on: stall, Results wait, re-form
@@ -66,12 +66,6 @@ def fattree():
     yield from _lab("fattree,4", "ek-fat")
 
 
-def iteration_of(eps) -> int:
-    """The iteration the slowest of these agents is at."""
-    with driver.control_stubs(eps) as stubs:
-        return min(stubs[e.control].Status(pb.Empty(), timeout=5).iteration for e in eps)
-
-
 def health(endpoint: driver.Endpoint):
     with driver.control_channel(endpoint) as channel:
         return driver.pb_grpc.ControlStub(channel).Health(pb.Empty(), timeout=5)
@@ -85,6 +79,7 @@ FABRIC = [  # (lab, action, target, options)
     ("bcube", "switch-down", "l0s1", {}),  # h10..h13 lose their level-0 NIC
     ("bcube", "switch-down", "l1s3", {}),  # h03, h13, h23, h33 lose their level-1 NIC
     ("fattree", "link-down", "p2e1-p2a0", {}),
+    ("fattree", "switch-down", "c1", {}),  # a core switch: every pod's flows through it go round
 ]
 
 
