@@ -44,7 +44,7 @@ def test_control_and_health_answer_within_a_second_under_a_saturated_data_plane(
         try:
             running.set()
             outcome["result"] = driver.run(agents, "mesh", [ELEMENTS], workloads.back_to_back([ELEMENTS]),
-                                           iterations=40, transport=transport, timeout=300)
+                                           iterations=16, transport=transport, timeout=300)
         except BaseException as exc:  # noqa: BLE001 - reported below
             outcome["error"] = exc
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def guest_pytest(*paths: str, env: dict[str, str] | None = None) -> str:
     settings = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
     return (
         f"cd {REPO} && {settings}TESTBED_VM_JOB=/job exec {sys.executable} -m pytest {' '.join(paths)} "
-        "-q -rs -p no:cacheprovider -p no:hypothesispytest\n"
+        "-q -rs -p no:cacheprovider -p no:hypothesispytest --durations=8 --durations-min=10\n"
     )
 
 
@@ -128,8 +129,12 @@ def boot(summary: list[str], what: str, suite: str | None, *paths: str, env: dic
         summary.append(f"  first boot's kernel died {when}: {first.console.strip()[-300:]!r}")
     for name, value in figures(run).items():
         summary.append(f"  {name}: {value}")
-    summary += [f"  guest {line}" for line in run.output.splitlines() if line.startswith("SKIPPED")]
+    summary += [f"  guest {line}" for line in run.output.splitlines()
+                if line.startswith("SKIPPED") or _SLOW.match(line)]  # and its slowest tests: the tier's time
     return run
+
+
+_SLOW = re.compile(r"\d+\.\d+s (setup|call|teardown) ")
 
 
 def explain(run: qemu.VmRun) -> str:
