@@ -15,7 +15,9 @@ step before while its partners' next step crosses the same link (HDRM on bigraph
 over 100 ms), which the model's lockstep never has. So each step also counts its transfers
 that shared a link direction with a transfer of another step while both were under way
 (`crossings`): from the first byte sent to the last applied at the receiver, in the run
-and in the model alike, over the links the prediction routed each connection on. Pure:
+and in the model alike, over the links the prediction routed each connection on; and how
+long those alone on their links and the crossed ones took against their bytes at the line's
+rate (`paces`), which tells the links' emulation from the crossings. Pure:
 the run's records and transfers (driver.RunResult.records/transfers) and the model's
 Simulation (CompiledRun.timeline) and routes come in.
 """
@@ -136,6 +138,7 @@ class Wire(NamedTuple):
     dst: int
     start: float
     end: float
+    elements: int = 0  # what it carried (0: not known)
 
 
 def run_wire(transfers: Sequence[dict]) -> list[Wire]:
@@ -152,7 +155,8 @@ def run_wire(transfers: Sequence[dict]) -> list[Wire]:
             continue
         send = sends.get(key(t, t["peer"], t["rank"]))
         if send is not None and send["first"] and t["last"] and t["last"] > send["first"]:
-            out.append(Wire(t["iteration"], t["partition"], t["step"], t["peer"], t["rank"], send["first"], t["last"]))
+            out.append(Wire(t["iteration"], t["partition"], t["step"], t["peer"], t["rank"], send["first"], t["last"],
+                            t["count"]))
     return out
 
 
@@ -160,7 +164,7 @@ def model_wire(sim: Simulation, per_iteration: int) -> list[Wire]:
     """Every flow of the model's allreduces, as `run_wire` reads a run's: from its first
     byte to its last chunk applied."""
     per = max(1, per_iteration)
-    return [Wire(f.partition // per, f.partition % per, f.step, f.src, f.dst, f.flowing_at, f.finished)
+    return [Wire(f.partition // per, f.partition % per, f.step, f.src, f.dst, f.flowing_at, f.finished, f.hi - f.lo)
             for f in sim.flows if f.flowing_at is not None and f.finished is not None and f.finished > f.flowing_at]
 
 
@@ -170,6 +174,31 @@ def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], ski
     CompiledRun.routes) with another step's transfer, or another partition's, while both
     were under way; not with another transfer of its own connection, whose steps queue in
     order on it."""
+    overlaps, steps = _overlaps(routes, schedules, nodes, wire, skip)
+    found: dict[int, list[tuple[float, str]]] = {step: [] for step in steps}
+    counted: dict[int, int] = dict.fromkeys(steps, 0)
+    for o in overlaps:
+        counted[o.wire.step] += 1
+        if o.seconds >= MIN_OVERLAP_S:
+            found[o.wire.step].append((o.seconds, o.what))
+    out = []
+    for step in steps:
+        hits = found[step]
+        out.append(Crossing(step, counted[step], len(hits), _median([h[0] for h in hits]),
+                            max(hits)[1] if hits else ""))
+    return out
+
+
+class _Overlap(NamedTuple):
+    wire: Wire
+    links: frozenset[int]  # the link directions it crossed
+    seconds: float  # its longest overlap with another step's transfer on one of them
+    what: str  # that overlap, named
+
+
+def _overlaps(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], skip: int) -> tuple[list[_Overlap], list[int]]:
+    """Every transfer of `wire` (allreduces `skip` on) with its longest overlap (`crossings`),
+    and the steps of `schedules`."""
     nic: dict[tuple[int, int, int, int], int | None] = {}
     for p, (_, schedule) in enumerate(schedules):
         for index, t in schedule.transfers():
@@ -187,13 +216,10 @@ def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], ski
     for w in wire:
         for link in links[where(w)]:
             by_link.setdefault(link, []).append(w)
-    steps = sorted({key[1] for key in nic})
-    found: dict[int, list[tuple[float, str]]] = {step: [] for step in steps}
-    counted: dict[int, int] = dict.fromkeys(steps, 0)
+    out = []
     for w in wire:
         if w.iteration < skip:
             continue
-        counted[w.step] += 1
         connection = (w.src, w.dst, nic[where(w)])
         best, what = 0.0, ""
         for link in links[where(w)]:
@@ -209,14 +235,61 @@ def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], ski
                     best, what = overlap, (f"{nodes[other.src]}→{nodes[other.dst]} of step {other.step}{when} on "
                                            f"{d.src}→{d.dst} while {nodes[w.src]}→{nodes[w.dst]} of step {w.step} "
                                            f"was under way, {overlap * 1e3:,.0f} ms")
-        if best >= MIN_OVERLAP_S:
-            found[w.step].append((best, what))
-    out = []
-    for step in steps:
-        hits = found[step]
-        out.append(Crossing(step, counted[step], len(hits), _median([h[0] for h in hits]),
-                            max(hits)[1] if hits else ""))
-    return out
+        out.append(_Overlap(w, links[where(w)], best, what))
+    return out, sorted({key[1] for key in nic})
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long transfers took against their bytes at their slowest link's payload rate
+    (1.0: at the line's rate; α and the path's delay add to it): `count` of them, and the
+    10th, 50th and 90th percentiles and the largest of that ratio."""
+
+    count: int
+    p10: float | None
+    p50: float | None
+    p90: float | None
+    largest: float | None
+
+
+def paces(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], capacities: Sequence[float],
+          itemsize: int = 4, skip: int = 1) -> dict[str, Pace]:
+    """{"alone": …, "crossed": …}: the transfers of `wire` that had every link they crossed to
+    themselves (no overlap of MIN_OVERLAP_S with another step's: `crossings`), and those that
+    did not, each as a Pace at `capacities` (Routes.capacities: bytes/s per link direction).
+    A run whose lone transfers keep to the line's rate while its crossed ones do not lost its
+    time to the crossings, not to the links' emulation (HTB, TCP); one whose lone ones are
+    slow too, to the emulation. Transfers of unknown size are left out."""
+    groups: dict[str, list[float]] = {"alone": [], "crossed": []}
+    for o in _overlaps(routes, schedules, nodes, wire, skip)[0]:
+        if not o.wire.elements or not o.links:
+            continue
+        line = o.wire.elements * itemsize / min(capacities[link] for link in o.links)
+        groups["crossed" if o.seconds >= MIN_OVERLAP_S else "alone"].append((o.wire.end - o.wire.start) / line)
+    return {name: _pace(sorted(ratios)) for name, ratios in groups.items()}
+
+
+def _pace(ratios: list[float]) -> Pace:
+    if not ratios:
+        return Pace(0, None, None, None, None)
+    at = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]  # noqa: E731
+    return Pace(len(ratios), at(0.1), _median(ratios), at(0.9), ratios[-1])
+
+
+def pace_lines(run: dict[str, Pace], model: dict[str, Pace] | None = None) -> list[str]:
+    """`paces` as text, the run's beside the model's."""
+    def one(p: Pace) -> str:
+        if not p.count:
+            return "none"
+        return f"{p.p50:.3f} × (p10 {p.p10:.3f}, p90 {p.p90:.3f}, largest {p.largest:.3f}; {p.count})"
+
+    lines = ["time on the wire / bytes at the slowest link's rate, median (first byte sent to last applied):"]
+    for name, label in (("alone", "alone on their links"), ("crossed", "crossed by another step")):
+        line = f"  {label:<24} run {one(run[name])}"
+        if model is not None:
+            line += f"; model {one(model[name])}"
+        lines.append(line)
+    return lines
 
 
 def _ms(seconds: float | None) -> str:

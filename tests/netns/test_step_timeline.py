@@ -37,3 +37,11 @@ def test_a_traced_rings_steps_end_in_order_near_the_models(tmp_path, monkeypatch
     # run as in the model; yet every transfer of the 3 timed allreduces was counted
     for crossings in (found["crossings"], found["model_crossings"]):
         assert [(c["step"], c["transfers"], c["crossed"]) for c in crossings] == [(s, 12, 0) for s in range(6)]
+    # so every transfer had its links to itself: on the wire for about its bytes at the
+    # line's rate (units or the wrong link would put it 8 × or 1,000 × off), in the model
+    # exactly that
+    for paces in (found["paces"], found["model_paces"]):
+        assert paces["crossed"]["count"] == 0 and paces["alone"]["count"] == 6 * 12, paces
+    assert 0.99 < found["model_paces"]["alone"]["p50"] < 1.05, found["model_paces"]
+    assert 0.8 < found["paces"]["alone"]["p50"] < 1.3, found["paces"]
+    assert "alone on their links" in found["table"]

@@ -125,8 +125,9 @@ def _ctx(topology):
 
 # -- transfers of another step on the same link --------------------------------------------------
 
-def _w(iteration: int, step: int, src: int, dst: int, start: float, end: float, partition: int = 0):
-    return timeline.Wire(iteration, partition, step, src, dst, start, end)
+def _w(iteration: int, step: int, src: int, dst: int, start: float, end: float, partition: int = 0,
+       elements: int = 0):
+    return timeline.Wire(iteration, partition, step, src, dst, start, end, elements)
 
 
 def _star3():
@@ -201,7 +202,7 @@ def test_a_runs_wire_spans_each_transfer_from_its_sends_first_byte_to_its_receiv
     send2, receive2 = {**send, "offset": 100, "first": 10.5}, {**receive, "offset": 100, "last": 11.5}
     unmatched = {**receive, "step": 1}
     assert timeline.run_wire([send, receive, send2, receive2, unmatched]) == [
-        (1, 0, 0, 0, 1, 10.0, 11.0), (1, 0, 0, 0, 1, 10.5, 11.5)]
+        (1, 0, 0, 0, 1, 10.0, 11.0, 100), (1, 0, 0, 0, 1, 10.5, 11.5, 100)]
 
 
 def test_another_partitions_transfer_on_the_same_link_crosses_though_its_step_is_the_same():
@@ -214,3 +215,31 @@ def test_another_partitions_transfer_on_the_same_link_crosses_though_its_step_is
     wire = [_w(1, 0, 0, 1, 10.0, 11.0), _w(1, 0, 0, 2, 10.5, 12.0, partition=1)]  # both on h0→sw
     (only,) = timeline.crossings(routes, schedules, nodes, wire)
     assert (only.transfers, only.crossed) == (2, 2) and only.median_s == pytest.approx(0.5)
+
+
+def test_transfers_alone_on_their_links_and_crossed_ones_are_paced_apart_against_the_line():
+    # _fan_out on star,3 at 1000 B/s a link: 100 elements (400 B) each, 0.4 s on the line.
+    # Allreduce 1: step 0's 0→1 (10.0-10.5) crosses nothing; step 1's 0→2 and 2→1 go after it
+    # (11.0-11.6 and 11.0-11.8). Allreduce 2: 0→1 (20.0-21.0) meets step 1's 2→1 (20.5-21.0)
+    # on sw→h1 for 0.5 s, so both are crossed; its 0→2 (21.0-21.4) begins as 0→1 ends: alone. The warm-up (allreduce 0) is left out, and so is a transfer of unknown size
+    star, routes, nodes = _star3()
+    capacities = routes.capacities(NETWORK)
+    assert set(capacities) == {BYTES_PER_S}
+    wire = [_w(0, 0, 0, 1, 1.0, 9.0, elements=100),
+            _w(1, 0, 0, 1, 10.0, 10.5, elements=100), _w(1, 1, 0, 2, 11.0, 11.6, elements=100),
+            _w(1, 1, 2, 1, 11.0, 11.8, elements=100),
+            _w(2, 0, 0, 1, 20.0, 21.0, elements=100), _w(2, 1, 2, 1, 20.5, 21.0, elements=100),
+            _w(2, 1, 0, 2, 21.0, 21.4, elements=100), _w(2, 1, 0, 2, 21.5, 22.0)]
+    found = timeline.paces(routes, _fan_out(), nodes, wire, capacities, itemsize=4, skip=1)
+    alone, crossed = found["alone"], found["crossed"]
+    # alone: 0.5, 0.6, 0.8 and 0.4 s over 0.4 s of line: 1.25, 1.5, 2.0 and 1.0
+    assert alone.count == 4 and (alone.p50, alone.largest) == (pytest.approx(1.375), pytest.approx(2.0))
+    assert alone.p10 == pytest.approx(1.0) and alone.p90 == pytest.approx(2.0)
+    # crossed: 1.0 and 0.5 s, 2.5 and 1.25
+    assert crossed.count == 2 and crossed.p50 == pytest.approx(1.875) and crossed.largest == pytest.approx(2.5)
+    text = timeline.pace_lines(found, {"alone": alone, "crossed": timeline.Pace(0, None, None, None, None)})
+    assert "1.375 ×" in text[1] and "4)" in text[1] and text[2].endswith("model none")
+    # a slower link sets a transfer's line: sw→h1 at half the rate makes 2→1's line 0.8 s
+    slow = list(capacities)
+    slow[next(i for i, d in enumerate(routes.directions) if (d.src, d.dst) == ("sw", nodes[1]))] = BYTES_PER_S / 2
+    assert timeline.paces(routes, _fan_out(), nodes, wire, slow, skip=1)["alone"].largest == pytest.approx(1.5)
