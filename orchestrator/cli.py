@@ -1174,10 +1174,15 @@ def _latency_lines(plan) -> list[str]:
     for variant in plan.variants:
         measured = latency_of(plan.spec, variant.lab)
         where = f"{variant.lab.name} ({lib.lab_key(variant.lab)})"
-        lines.append(f"α on {where} over {transport}: {measured.alpha * 1e6:,.0f} µs per message and "
-                     f"{measured.peer * 1e6:,.0f} µs more per further peer, the agents sharing {measured.cores} "
-                     "cores, as measured on it" if measured is not None else
-                     f"α on {where} over {transport}: not measured yet, so left out here: the run measures it "
+        if measured is not None:
+            lines.append(f"α on {where} over {transport}: {measured.alpha * 1e6:,.0f} µs per message and "
+                         f"{measured.peer * 1e6:,.0f} µs more per further peer, the agents sharing {measured.cores} "
+                         "cores, as measured on it")
+            continue
+        kept = lib.load_latency().get(lib.lab_key(variant.lab), {}).get(transport)
+        why = lib.distrust(kept) if isinstance(kept, dict) else None
+        state = f"{why}, so not trusted" if why else "not measured yet"
+        lines.append(f"α on {where} over {transport}: {state}, so left out here: the run measures it "
                      "before its first point (or `testbed calibrate --latency-only --lab ...`)")
     return lines
 

@@ -82,7 +82,8 @@ def stall_message(algorithm: str, views: list[RankView], timeout: float,
         return head + "; ".join(parts) + " (frozen, or its management path down?): thaw or restart it and run again"
     if not edges:
         waits = [f"rank {v.rank} ({v.node}) waits for {_peers(v, by_rank)}" for v in views if v.status]
-        return head + f"no data moved for {timeout:.1f} s; " + "; ".join(waits[:4] or ["no rank says why"])
+        return (head + f"no data moved for {timeout:.1f} s; " + "; ".join(waits[:4] or ["no rank says why"])
+                + _down_between(views, by_rank, path_of, link_state))
     paths = {}
     parts = []
     for src, dst, _ in edges[:4]:
@@ -134,6 +135,27 @@ def _peers(view: RankView, by_rank: dict[int, RankView]) -> str:
     ranks = sorted({p.peer for p in view.status.pending if p.ready})
     named = [f"rank {r} ({by_rank[r].node})" if r in by_rank else f"rank {r}" for r in ranks]
     return ", ".join(named[:3]) or "nothing it can name"
+
+
+def _down_between(views: list[RankView], by_rank: dict[int, RankView],
+                  path_of: Callable[[str, str], list[str]] | None,
+                  link_state: Callable[[str, str], bool | None] | None) -> str:
+    """Where the statuses blame no path (a rendezvous' word lost on its way, ranks caught
+    between two polls in different iterations): a link the lab says is down on a path between
+    a rank and a peer it waits for (a ring on star,4 with h1-sw cut, once in ~10 runs:
+    "rank 1 (h1) waits for rank 2 (h2); rank 2 (h2) waits for rank 1 (h1)" and no path)."""
+    if path_of is None or link_state is None:
+        return ""
+    down = set()
+    for v in views:
+        for wait in (v.status.pending if v.status else ()):
+            peer = by_rank.get(wait.peer)
+            if not wait.ready or peer is None:
+                continue
+            path = path_of(v.node, peer.node) if wait.kind == "send" else path_of(peer.node, v.node)
+            down |= {"-".join(sorted((a, b))) for a, b in zip(path, path[1:]) if link_state(a, b) is False}
+    return f" (link {', '.join(sorted(down))} down between ranks that wait for each other): heal it and run again" \
+        if down else ""
 
 
 def _link_verdict(paths: list[list[str]], link_state: Callable[[str, str], bool | None] | None) -> str:

@@ -245,7 +245,22 @@ def trusted(measured: dict) -> bool:
     the verdict's idle share (MIN_IDLE), or with more of the CPU's time held by a hypervisor
     than the verdict lets by (MAX_STEAL), is measured again too; one kept before the share was
     recorded is taken as it is."""
-    return measured.get("agents") == agents_fingerprint() and _quiet(measured) and "peer_s" in measured
+    return distrust(measured) is None
+
+
+def distrust(measured: dict) -> str | None:
+    """Why a kept α is not `trusted` ("measured while a hypervisor held 6 % of the CPU"), or
+    None: what a dry run says of an α it will measure again."""
+    if measured.get("agents") != agents_fingerprint():
+        return "measured by other agents than these"
+    if "peer_s" not in measured:
+        return "kept without its per-peer cost"
+    idle, stolen = measured.get("cpu_idle_share", 1.0), measured.get("cpu_steal_share", 0.0)
+    if idle < MIN_IDLE:
+        return f"measured with the CPU {idle:.0%} idle (< {MIN_IDLE:.0%})"
+    if stolen > MAX_STEAL:
+        return f"measured while a hypervisor held {stolen:.0%} of the CPU (> {MAX_STEAL:.0%})"
+    return None
 
 
 def _quiet(measured: dict) -> bool:

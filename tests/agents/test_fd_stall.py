@@ -89,6 +89,13 @@ def test_a_receiver_held_back_by_its_own_earlier_step_is_not_blamed():
     assert stall_message("ring", statuses, 5.0).startswith(
         "ring stalled at iteration 0 step 0: no data moved for 5.0 s; rank 0 (h0) waits for rank 3 (h3); "
         "rank 1 (h1) waits for rank 0 (h0); rank 2 (h2) waits for nothing it can name")
+    # with no path to blame, a link the lab says is down between ranks that wait for each
+    # other is named: rank 1 waits for rank 0 over h0→sw→h1; none when every link is up
+    down = {frozenset(("h1", "sw"))}
+    assert stall_message("ring", statuses, 5.0, star_path, lambda a, b: frozenset((a, b)) not in down).endswith(
+        "rank 2 (h2) waits for nothing it can name; rank 3 (h3) waits for nothing it can name (link h1-sw down "
+        "between ranks that wait for each other): heal it and run again")
+    assert "down" not in stall_message("ring", statuses, 5.0, star_path, lambda a, b: True)
     # once rank 3 has written it all (nothing pending to rank 0), the path 3→0 is to blame
     statuses[3] = views(running(0), running(0), running(0), running(0, send(2, 1, ready=False)))[3]
     assert _dead_edges(statuses, set()) == [(3, 0, 0)]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.emulation import cleanup
+from orchestrator.experiment import calibrate
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = [sys.executable, "-m", "orchestrator.cli"]
@@ -62,5 +63,9 @@ def test_a_run_measures_alpha_on_its_lab_keeps_it_and_predicts_with_it(tmp_path,
     again = subprocess.run(TESTBED + ["run", str(ROOT / "experiments/digits.yaml"), "--dry-run"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message and {kept['peer_s'] * 1e6:,.0f} µs more per further peer, " \
-        f"the agents sharing {kept['cores']} cores, as measured on it" in again.stdout
+    why = calibrate.distrust(kept)
+    if why is None:
+        assert f"{kept['alpha_s'] * 1e6:,.0f} µs per message and {kept['peer_s'] * 1e6:,.0f} µs more per further " \
+            f"peer, the agents sharing {kept['cores']} cores, as measured on it" in again.stdout
+    else:  # measured while the machine was busy or a hypervisor held its CPU: measured again, and said why
+        assert f"{why}, so not trusted, so left out here: the run measures it before its first point" in again.stdout
