@@ -1179,7 +1179,10 @@ def _latency_lines(plan) -> list[str]:
                          f"{measured.peer * 1e6:,.0f} µs more per further peer, the agents sharing {measured.cores} "
                          "cores, as measured on it")
             continue
-        kept = lib.load_latency().get(lib.lab_key(variant.lab), {}).get(transport)
+        try:
+            kept = lib.load_latency().get(lib.lab_key(variant.lab), {}).get(transport)
+        except lib.NotCalibrated:  # unreadable: latency_of said None for it, and the run will say why
+            kept = None
         why = lib.distrust(kept) if isinstance(kept, dict) else None
         state = f"{why}, so not trusted" if why else "not measured yet"
         lines.append(f"α on {where} over {transport}: {state}, so left out here: the run measures it "
