@@ -56,16 +56,15 @@ def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int,
     prediction = result.predicted
     skip = warmup
     wire = timeline.run_wire(result.transfers())
-    crossed = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes, wire, skip=skip)
     capacities = compiled.routes.capacities(network)
-    paced = timeline.paces(compiled.routes, compiled.schedules, compiled.nodes, wire, capacities, skip=skip)
+    crossed, paced = timeline.crossings_and_paces(compiled.routes, compiled.schedules, compiled.nodes, wire,
+                                                  capacities, skip=skip)
     sim, modelled, model_paced, caveat = None, [], None, ""
     try:
         sim = compiled.timeline(warmup + iterations)
-        model_wire = timeline.model_wire(sim, len(compiled.schedules))
-        modelled = timeline.crossings(compiled.routes, compiled.schedules, compiled.nodes, model_wire, skip=skip)
-        model_paced = timeline.paces(compiled.routes, compiled.schedules, compiled.nodes, model_wire, capacities,
-                                     skip=skip)
+        modelled, model_paced = timeline.crossings_and_paces(
+            compiled.routes, compiled.schedules, compiled.nodes, timeline.model_wire(sim, len(compiled.schedules)),
+            capacities, skip=skip)
     except ModelTooLarge as exc:
         caveat = f"the model's allreduces in a row are past its budget ({exc}): the run's steps alone"
     if not caveat and prediction.back_to_back is None:

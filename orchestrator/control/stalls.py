@@ -146,16 +146,21 @@ def _down_between(views: list[RankView], by_rank: dict[int, RankView],
     "rank 1 (h1) waits for rank 2 (h2); rank 2 (h2) waits for rank 1 (h1)" and no path)."""
     if path_of is None or link_state is None:
         return ""
-    down = set()
+    paths = []
     for v in views:
         for wait in (v.status.pending if v.status else ()):
             peer = by_rank.get(wait.peer)
-            if not wait.ready or peer is None:
-                continue
-            path = path_of(v.node, peer.node) if wait.kind == "send" else path_of(peer.node, v.node)
-            down |= {"-".join(sorted((a, b))) for a, b in zip(path, path[1:]) if link_state(a, b) is False}
-    return f" (link {', '.join(sorted(down))} down between ranks that wait for each other): heal it and run again" \
+            if wait.ready and peer is not None:
+                paths.append(path_of(v.node, peer.node) if wait.kind == "send" else path_of(peer.node, v.node))
+    down = _down_links(paths, link_state)
+    return f" (link {', '.join(down)} down between ranks that wait for each other): heal it and run again" \
         if down else ""
+
+
+def _down_links(paths: list[list[str]], link_state: Callable[[str, str], bool | None]) -> list[str]:
+    """The links of these paths that `link_state` says are down, named "a-b", sorted."""
+    return sorted({"-".join(sorted((a, b))) for path in paths for a, b in zip(path, path[1:])
+                   if link_state(a, b) is False})
 
 
 def _link_verdict(paths: list[list[str]], link_state: Callable[[str, str], bool | None] | None) -> str:
@@ -165,7 +170,7 @@ def _link_verdict(paths: list[list[str]], link_state: Callable[[str, str], bool 
     if not links:
         return ""
     if link_state is not None:
-        down = sorted({"-".join(sorted((a, b))) for path in links for a, b in path if link_state(a, b) is False})
+        down = _down_links(paths, link_state)
         if down:
             return f" (link {', '.join(down)} down): heal it and run again"
     shared = set.intersection(*({frozenset(link) for link in path} for path in links))

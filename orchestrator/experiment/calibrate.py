@@ -255,6 +255,11 @@ def distrust(measured: dict) -> str | None:
         return "measured by other agents than these"
     if "peer_s" not in measured:
         return "kept without its per-peer cost"
+    return _busy(measured)
+
+
+def _busy(measured: dict) -> str | None:
+    """How busy the machine was while it measured, when too busy to trust it (else None)."""
     idle, stolen = measured.get("cpu_idle_share", 1.0), measured.get("cpu_steal_share", 0.0)
     if idle < MIN_IDLE:
         return f"measured with the CPU {idle:.0%} idle (< {MIN_IDLE:.0%})"
@@ -264,7 +269,7 @@ def distrust(measured: dict) -> str | None:
 
 
 def _quiet(measured: dict) -> bool:
-    return measured.get("cpu_idle_share", 1.0) >= MIN_IDLE and measured.get("cpu_steal_share", 0.0) <= MAX_STEAL
+    return _busy(measured) is None
 
 
 def latency_for(lab, transport: str) -> Latency | None:

@@ -174,7 +174,10 @@ def crossings(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], ski
     CompiledRun.routes) with another step's transfer, or another partition's, while both
     were under way; not with another transfer of its own connection, whose steps queue in
     order on it."""
-    overlaps, steps = _overlaps(routes, schedules, nodes, wire, skip)
+    return _crossings(*_overlaps(routes, schedules, nodes, wire, skip))
+
+
+def _crossings(overlaps: list[_Overlap], steps: list[int]) -> list[Crossing]:
     found: dict[int, list[tuple[float, str]]] = {step: [] for step in steps}
     counted: dict[int, int] = dict.fromkeys(steps, 0)
     for o in overlaps:
@@ -196,7 +199,8 @@ class _Overlap(NamedTuple):
     what: str  # that overlap, named
 
 
-def _overlaps(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], skip: int) -> tuple[list[_Overlap], list[int]]:
+def _overlaps(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire],
+              skip: int) -> tuple[list[_Overlap], list[int]]:
     """Every transfer of `wire` (allreduces `skip` on) with its longest overlap (`crossings`),
     and the steps of `schedules`."""
     nic: dict[tuple[int, int, int, int], int | None] = {}
@@ -260,8 +264,19 @@ def paces(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], capacit
     A run whose lone transfers keep to the line's rate while its crossed ones do not lost its
     time to the crossings, not to the links' emulation (HTB, TCP); one whose lone ones are
     slow too, to the emulation. Transfers of unknown size are left out."""
+    return _paces(_overlaps(routes, schedules, nodes, wire, skip)[0], capacities, itemsize)
+
+
+def crossings_and_paces(routes, schedules, nodes: Sequence[str], wire: Sequence[Wire], capacities: Sequence[float],
+                        itemsize: int = 4, skip: int = 1) -> tuple[list[Crossing], dict[str, Pace]]:
+    """`crossings` and `paces` of the same transfers, from one search of their overlaps."""
+    overlaps, steps = _overlaps(routes, schedules, nodes, wire, skip)
+    return _crossings(overlaps, steps), _paces(overlaps, capacities, itemsize)
+
+
+def _paces(overlaps: list[_Overlap], capacities: Sequence[float], itemsize: int) -> dict[str, Pace]:
     groups: dict[str, list[float]] = {"alone": [], "crossed": []}
-    for o in _overlaps(routes, schedules, nodes, wire, skip)[0]:
+    for o in overlaps:
         if not o.wire.elements or not o.links:
             continue
         line = o.wire.elements * itemsize / min(capacities[link] for link in o.links)
