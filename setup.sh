@@ -76,8 +76,10 @@ else
     log "wrote $SYSCTL_CONF but could not apply it (${settings% }): testbed up refuses large labs until it is"
 fi
 
-log "building lab images (quick when up to date)"
-"$VENV/bin/testbed" images build
+if [ "${1:-}" != test ]; then  # the test command builds them beside its unit tier (tests/prepare.py)
+    log "building lab images (quick when up to date)"
+    "$VENV/bin/testbed" images build
+fi
 
 case "${1:-}" in
     demo)

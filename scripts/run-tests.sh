@@ -26,9 +26,25 @@ for dir in tests/*/; do
     tier=$(basename "$dir")
     [ "$tier" = unit ] || ! compgen -G "$dir/test_*.py" >/dev/null || tiers+=("$tier")
 done
+# What the tiers after unit build first (lab images, PyTorch's image, the vm tier's kernels
+# and disk: minutes on a fresh machine) is built beside the unit tier, which times nothing;
+# the tiers that time real processes start once it is done (tests/prepare.py).
+prepared=$(mktemp -t testbed-prepare.XXXXXX)
+.venv/bin/python -m tests.prepare >"$prepared" 2>&1 &
+preparing=$!
+trap 'kill "$preparing" 2>/dev/null; rm -f "$prepared"' EXIT
+prepared_by() {  # wait for it, then say what it built and how long the tiers waited
+    local waited_from=$SECONDS
+    wait "$preparing"
+    printf '\n\033[1m==> built beside the unit tier (the tiers waited %d s more for it)\033[0m\n' \
+        $((SECONDS - waited_from))
+    cat "$prepared"
+    preparing=
+}
 rc=0
 summary=()
 for tier in "${tiers[@]}"; do
+    [ -z "$preparing" ] || [ "$tier" = unit ] || prepared_by
     printf '\n\033[1m==> test tier %s\033[0m\n' "$tier"
     start=$SECONDS
     spread=()
@@ -39,6 +55,7 @@ for tier in "${tiers[@]}"; do
     [ $status -ne 0 ] && [ $rc -eq 0 ] && rc=$status
     summary+=("$tier: $([ $status -eq 0 ] && echo passed || echo "FAILED (exit $status)") in $((SECONDS - start)) s")
 done
+[ -z "$preparing" ] || prepared_by
 .venv/bin/testbed clean --all >/dev/null 2>&1 || true
 printf '\n\033[1m==> tiers\033[0m\n'
 printf '  %s\n' "${summary[@]}"

@@ -113,6 +113,25 @@ def build_image(
             raise EmulationError(f"building image {reference} failed: {chunk['error'].strip()}")
 
 
+def prune_replaced(label: str) -> int:
+    """Remove the untagged images that carry `label` (any value), which no container uses:
+    those a rebuild of one of ours left behind (each held its ~0.5-1.6 GB until removed, and
+    a long-lived host gathered 7 GB of them). A replaced image under a child image that still
+    has its tag (testbed/server under an old testbed/server-torch) goes once the child does,
+    so this prunes until nothing more goes. Returns how many images went."""
+    removed = 0
+    for _ in range(4):  # an image, its replaced child, that child's: our images are three deep
+        try:
+            gone = client().images.prune(filters={"dangling": True, "label": label}).get("ImagesDeleted") or []
+        except APIError:  # another prune under way: the next build's prune takes what is left
+            break
+        went = [entry for entry in gone if entry.get("Deleted")]
+        removed += len(went)
+        if not went:
+            break
+    return removed
+
+
 # -- containers -------------------------------------------------------------------------------
 def run_containers(
     specs: list[dict], workers: int = 8, on_started: Callable[[str, int], None] | None = None

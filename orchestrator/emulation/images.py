@@ -123,6 +123,7 @@ def build_torch(progress: Progress) -> bool:
                         context / "wheels")
         progress(f"docker build → {SERVER_TORCH}")
         docker_engine.build_image(context, SERVER_TORCH, {RECIPE_LABEL: recipe}, progress)
+    _prune(progress)
     return True
 
 
@@ -153,13 +154,22 @@ def _wheels(requirements: Path, what: str, progress: Progress) -> Path:
 
 
 def build_all(progress: Progress) -> list[str]:
-    """Build every image that is missing or stale; the names of those built."""
+    """Build every image that is missing or stale; the names of those built. The images they
+    replaced go (unless a container still uses one)."""
     built = []
     if build_base(progress):
         built.append(BASE)
     if build_server(progress):
         built.append(SERVER)
+    if built:
+        _prune(progress)
     return built
+
+
+def _prune(progress: Progress) -> None:
+    removed = docker_engine.prune_replaced(RECIPE_LABEL)
+    if removed:
+        progress(f"removed {removed} image layers the rebuilt images replaced")
 
 
 def ensure(reference: str, progress: Progress) -> None:

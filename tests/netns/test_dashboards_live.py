@@ -47,6 +47,17 @@ def api(url: str, path: str, **params) -> dict:
     return body["data"]
 
 
+def scraped(url: str, query: str, holds, within: float = 20.0) -> None:
+    """Wait until Prometheus's latest value of `query` (one series) satisfies `holds`."""
+    deadline = time.monotonic() + within
+    while True:
+        result = api(url, "/api/v1/query", query=query)["result"]
+        if result and holds(float(result[0]["value"][1])):
+            return
+        assert time.monotonic() < deadline, f"{query} never held within {within:g} s: {result}"
+        time.sleep(0.2)
+
+
 def finite(result: list[dict]) -> list[dict]:
     """The series with at least one finite sample (an instant vector's or a matrix's)."""
     def values(series: dict) -> list[float]:
@@ -80,11 +91,12 @@ def test_every_dashboard_query_returns_data_from_a_real_run(make_lab):
         core = next(link for link in lab.topology.links if "c" in link.a.node + link.b.node)
         injector = Injector(lab)
         fault = injector.inject("link-down", f"{core.a.node}-{core.b.node}").fault
-        time.sleep(3)
+        url = monitor.url
+        links_down = substitute(f"sum (1 - {dashboards.sel('testbed_link_up')})", lab.name)
+        scraped(url, links_down, lambda down: down >= 1)  # the fault is in the data, for its panels
         injector.undo(fault.id)
         middle, ended = (started + time.time()) / 2, time.time()
-        time.sleep(3)  # the last scrapes of the run's final counters
-        url = monitor.url
+        scraped(url, links_down, lambda down: down == 0)  # a scrape after the undo: the run's last counters too
 
         labs = api(url, "/api/v1/label/lab/values", **{"match[]": "testbed_link_up"})
         assert lab.name in labs  # the `lab` variable's query, label_values(testbed_link_up, lab)
