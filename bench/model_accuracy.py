@@ -79,12 +79,14 @@ def algorithms_for(lab) -> list[str]:
 
 
 def run_point(lab, endpoints, network: Network, algorithm: str, size: int, iterations: int, warmup: int,
-              trace: bool = False):
+              trace: bool = False, options: dict | None = None):
     """`warmup` + `iterations` allreduces of `size` bytes back to back over the lab's agents,
-    super-packets sized as `run` sizes them: (driver.RunResult, its Context)."""
+    super-packets sized as `run` sizes them: (driver.RunResult, its Context). `options`: the
+    algorithm's (default: this bench's, OPTIONS)."""
     elements = size // 4
     eps = list(endpoints)
-    ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps), OPTIONS.get(algorithm, {}))
+    ctx = Context(len(eps), lab.topology, tuple(e.node for e in eps),
+                  OPTIONS.get(algorithm, {}) if options is None else options)
     lab.fit_super_packets(smallest_transfer_bytes(registry.schedules(algorithm, ctx, elements,
                                                                       partitions([elements], None))))  # as `run` does
     result = driver.run(eps, algorithm, [elements], workloads.back_to_back([elements]),

@@ -5,6 +5,7 @@ gained) the time (issue 29).
 
     sudo .venv/bin/python bench/trace_steps.py bigraph,4,2 flextree 4MiB [--rate 100Mbit]
                                                 [--iterations 8] [--warmup 1] [--json]
+                                                [--option shards=2 ...]
 
 The lab is built as model_accuracy builds it (bare namespaces, agents over the default
 transport, paced, α as kept for the lab or measured now), the point runs back to back with
@@ -27,6 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.model_accuracy import LABS, run_point, with_alpha  # noqa: E402
@@ -42,14 +45,16 @@ from orchestrator.experiment.results import sync_times  # noqa: E402
 from orchestrator.spec import lab_from_argument  # noqa: E402
 
 
-def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int, warmup: int) -> dict:
+def trace(shorthand: str, rate: str, algorithm: str, size: int, iterations: int, warmup: int,
+          options: dict | None = None) -> dict:
     spec = lab_from_argument(shorthand, name="trace-" + shorthand.split(",")[0],
                              **{"servers.runtime": "netns", "links.bandwidth": rate})
     with Lab.up(spec) as lab:
         endpoints = lab_agents.start(lab)
         try:
             network = with_alpha(lab, endpoints, Network.from_links(spec.links))
-            result, _ = run_point(lab, endpoints, network, algorithm, size, iterations, warmup, trace=True)
+            result, _ = run_point(lab, endpoints, network, algorithm, size, iterations, warmup, trace=True,
+                                  options=options)
         finally:
             lab_agents.stop(endpoints)
     compiled = result.compiled
@@ -95,7 +100,16 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=8, help="timed allreduces")
     parser.add_argument("--warmup", type=int, default=1, help="untimed allreduces first")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the algorithm, as a lab file writes it (ps: colocated=true, shards=2); "
+                             "given any, they replace model_accuracy's")
     args = parser.parse_args()
+    options = None
+    for given in args.option:
+        key, equals, value = given.partition("=")
+        if not equals or not key.strip():
+            parser.error(f"--option: {given!r} is not KEY=VALUE (e.g. shards=2)")
+        options = (options or {}) | {key.strip(): yaml.safe_load(value)}
     if args.algorithm not in registry.ALGORITHMS:
         parser.error(f"algorithm: {args.algorithm!r} is not one of {', '.join(sorted(registry.ALGORITHMS))}")
     if args.iterations < 1 or args.warmup < 0 or args.iterations + args.warmup < 2:
@@ -104,7 +118,9 @@ def main() -> int:
     rate = args.rate or dict(LABS).get(args.lab, "100Mbit")
     try:
         size = units.parse_size(args.size)
-        found = trace(args.lab, rate, args.algorithm, size, args.iterations, args.warmup)
+        if options is not None:  # before any lab goes up
+            registry.check_options(args.algorithm, options)
+        found = trace(args.lab, rate, args.algorithm, size, args.iterations, args.warmup, options)
     except (TestbedError, ValueError) as exc:  # a lab, size or rate it cannot take: one line
         print(f"trace_steps: {exc}", file=sys.stderr)
         return 2

@@ -340,14 +340,33 @@ def test_servers_connections_use_the_labs_tcp_settings_after_a_link_flap_too(mak
     for target in ("h01", "h11"):  # a neighbour on a link's subnet, and one through a relaying server
         address = str(lab.topology.address_of(target))
         listener = lab.popen(target, ["iperf3", "-s", "-1"], stdout=-1, stderr=-1)
-        time.sleep(0.5)
-        client = lab.popen("h00", ["iperf3", "-c", address, "-t", "3"], stdout=-1, stderr=-1)
-        time.sleep(1.5)
-        sockets = lab.exec("h00", ["ss", "-tin", "dst", address]).stdout
-        client.wait(timeout=30)
-        listener.wait(timeout=30)
-        algorithms = set(re.findall(r"^\s+(cubic|reno|bbr|dctcp|htcp|vegas)\b", sockets, re.M))
-        assert algorithms == {expected}, sockets
+        client = None
+        try:
+            until(lambda: "LISTEN" in lab.exec(target, ["ss", "-ltn", "sport = :5201"]).stdout, "iperf3 listening")
+            client = lab.popen("h00", ["iperf3", "-c", address, "-t", "20"], stdout=-1, stderr=-1)
+
+            def both_open() -> str:  # iperf3's control connection and its test's, as ss shows them
+                shown = lab.exec("h00", ["ss", "-tin", "dst", address]).stdout
+                return shown if len(_ALGORITHM.findall(shown)) >= 2 else ""
+            sockets = until(both_open, f"iperf3's connections to {target}")
+        finally:
+            for process in (client, listener):
+                if process is not None:
+                    process.kill()
+                    process.wait(timeout=30)
+        assert set(_ALGORITHM.findall(sockets)) == {expected}, sockets
+
+
+_ALGORITHM = re.compile(r"^\s+(cubic|reno|bbr|dctcp|htcp|vegas)\b", re.M)
+
+
+def until(probe, what: str, within: float = 15.0):
+    """Poll `probe` until it returns something true; that value."""
+    deadline = time.monotonic() + within
+    while not (value := probe()):
+        assert time.monotonic() < deadline, f"{what}: not within {within:g} s"
+        time.sleep(0.1)
+    return value
 
 
 def test_cli_up_status_exec_down(tmp_path):
