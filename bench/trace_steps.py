@@ -109,7 +109,11 @@ def main() -> int:
         key, equals, value = given.partition("=")
         if not equals or not key.strip():
             parser.error(f"--option: {given!r} is not KEY=VALUE (e.g. shards=2)")
-        options = (options or {}) | {key.strip(): yaml.safe_load(value)}
+        try:
+            options = (options or {}) | {key.strip(): yaml.safe_load(value)}
+        except yaml.YAMLError:
+            parser.error(f"--option: the value of {given!r} is not what a lab file could hold "
+                         "(YAML: a number, true/false, a word, a list)")
     if args.algorithm not in registry.ALGORITHMS:
         parser.error(f"algorithm: {args.algorithm!r} is not one of {', '.join(sorted(registry.ALGORITHMS))}")
     if args.iterations < 1 or args.warmup < 0 or args.iterations + args.warmup < 2:

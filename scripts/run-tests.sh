@@ -30,9 +30,9 @@ done
 # and disk: minutes on a fresh machine) is built beside the unit tier, which times nothing;
 # the tiers that time real processes start once it is done (tests/prepare.py).
 prepared=$(mktemp -t testbed-prepare.XXXXXX)
-.venv/bin/python -m tests.prepare >"$prepared" 2>&1 &
-preparing=$!
-trap 'kill "$preparing" 2>/dev/null; rm -f "$prepared"' EXIT
+setsid .venv/bin/python -m tests.prepare >"$prepared" 2>&1 &  # a process group of its own:
+preparing=$!  # the trap ends its builders too (debootstrap, mkfs, apt) if the tiers end first
+trap '[ -z "$preparing" ] || kill -TERM -- -"$preparing" 2>/dev/null; rm -f "$prepared"' EXIT
 prepared_by() {  # wait for it, then say what it built and how long the tiers waited
     local waited_from=$SECONDS
     wait "$preparing"

@@ -15,26 +15,42 @@ import time
 from typing import Callable
 
 
-def _timed(what: str, step: Callable[[], object]) -> None:
+def _timed(what: str, step: Callable[[], object]) -> bool:
+    """Run one step and say how it went; True when it did."""
     started = time.monotonic()
     try:
         outcome = step()
     except Exception as exc:  # noqa: BLE001 - said, and left to the tier that needs it
         print(f"  {what}: not prepared ({type(exc).__name__}: {exc})", flush=True)
-        return
+        return False
     print(f"  {what}: {outcome or 'ready'} in {time.monotonic() - started:.0f} s", flush=True)
+    return True
 
 
-def _images() -> None:
+def _images() -> bool:
+    """The lab images and PyTorch's; True when they are there."""
     from orchestrator.emulation import docker_engine, images
-    from tests.vm.test_vm_tier import docker_disk
 
     try:
-        docker_engine.client(start=False)
+        docker_engine.client()  # started if it is not running, as a lab's first use would
     except Exception as exc:  # noqa: BLE001 - the docker tier says why too
         print(f"  lab images: not prepared ({exc})", flush=True)
-        return
-    _timed("lab images and PyTorch's", lambda: "built" if images.build_torch(lambda line: None) else "up to date")
+        return False
+    return _timed("lab images and PyTorch's", lambda: "built" if images.build_torch(lambda line: None) else "up to date")
+
+
+def _kernels() -> bool:
+    """The vm tier's kernels; True when the one its Docker servers boot (the RDMA suite's) is ready."""
+    from tests.vm import qemu
+    from tests.vm.test_vm_tier import RDMA_SUITE
+
+    _timed("vm kernel of this machine", lambda: qemu.prepare().package)
+    return bool(RDMA_SUITE) and _timed(f"vm kernel of {RDMA_SUITE}", lambda: qemu.prepare(suite=RDMA_SUITE).package)
+
+
+def _disk() -> None:
+    """The copy of Docker's state the vm tier's RDMA guest boots with (GBs: only for a guest that boots)."""
+    from tests.vm.test_vm_tier import docker_disk
 
     def disk() -> str:
         path, why = docker_disk()
@@ -44,20 +60,16 @@ def _images() -> None:
     _timed("the vm tier's copy of Docker's state", disk)
 
 
-def _kernels() -> None:
-    from tests.vm import qemu
-    from tests.vm.test_vm_tier import RDMA_SUITE
-
-    for suite in [None] + ([RDMA_SUITE] if RDMA_SUITE else []):
-        _timed(f"vm kernel of {suite or 'this machine'}", lambda: qemu.prepare(suite=suite).package)
-
-
 def main() -> None:
-    steps = [threading.Thread(target=_images), threading.Thread(target=_kernels)]
+    ready: dict[str, bool] = {}
+    steps = [threading.Thread(target=lambda: ready.update(images=_images())),
+             threading.Thread(target=lambda: ready.update(kernels=_kernels()))]
     for step in steps:
         step.start()
     for step in steps:
         step.join()
+    if ready.get("images") and ready.get("kernels"):
+        _disk()
 
 
 if __name__ == "__main__":

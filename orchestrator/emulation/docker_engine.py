@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import docker
+import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from orchestrator.errors import EmulationError, HostError
@@ -118,13 +119,14 @@ def prune_replaced(label: str) -> int:
     those a rebuild of one of ours left behind (each held its ~0.5-1.6 GB until removed, and
     a long-lived host gathered 7 GB of them). A replaced image under a child image that still
     has its tag (testbed/server under an old testbed/server-torch) goes once the child does,
-    so this prunes until nothing more goes. Returns how many images went."""
+    so this prunes until nothing more goes. Labels are inherited: an untagged image a user
+    built FROM one of ours goes too. Returns how many images went."""
     removed = 0
     for _ in range(4):  # an image, its replaced child, that child's: our images are three deep
         try:
             gone = client().images.prune(filters={"dangling": True, "label": label}).get("ImagesDeleted") or []
-        except APIError:  # another prune under way: the next build's prune takes what is left
-            break
+        except (DockerException, requests.RequestException):  # another prune under way, or slow:
+            break  # the build itself is done, and the next build's prune takes what is left
         went = [entry for entry in gone if entry.get("Deleted")]
         removed += len(went)
         if not went:

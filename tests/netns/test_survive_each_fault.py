@@ -86,9 +86,10 @@ FABRIC = [  # (lab, action, target, options)
 
 @pytest.mark.parametrize("labname,action,target,options", FABRIC, ids=[f"{f[0]}-{f[1]}-{f[2]}" for f in FABRIC])
 def test_a_fabric_fault_mid_run_drops_nobody(request, monkeypatch, labname, action, target, options):
-    # nobody leaves or comes back: the fault from iteration 3 (a flap's 3 s are ~6 more) and 4
-    # iterations under it fit 22 with room to spare
-    monkeypatch.setattr(survive, "ITERATIONS", FABRIC_ITERATIONS)
+    # nobody leaves or comes back: the fault from iteration 3 and 4 iterations under it fit 22
+    # with room to spare; a flap's 3 s are up to ~14 more iterations on a fast host: it keeps 30
+    if action != "link-flap":
+        monkeypatch.setattr(survive, "ITERATIONS", FABRIC_ITERATIONS)
     lab = request.getfixturevalue(labname)
     eps = agents(lab)
     job = Job(lab, eps, "ring")

@@ -201,6 +201,7 @@ def _build(package: str, work: Path, apt_options: list[str]) -> None:
 
 def _build_initrd(kernel: Kernel, base: Path, target: Path) -> None:
     tree = target.parent / "initrd"
+    shutil.rmtree(tree, ignore_errors=True)  # a build killed half-way (tests/prepare.py's, say)
     for sub in ("bin", "mods", "proc", "sys", "dev", "lower", "rw", "newroot"):
         (tree / sub).mkdir(parents=True)
     shutil.copy2(BUSYBOX, tree / "bin" / "busybox")
@@ -231,7 +232,9 @@ def _build_initrd(kernel: Kernel, base: Path, target: Path) -> None:
         ["cpio", "-o", "-H", "newc", "--quiet"], cwd=tree, input="\n".join(["."] + names).encode(),
         capture_output=True, check=True,
     ).stdout
-    target.write_bytes(gzip.compress(archive, compresslevel=1))
+    partial = target.with_name(target.name + ".part")  # whole or absent: prepare() trusts what exists
+    partial.write_bytes(gzip.compress(archive, compresslevel=1))
+    partial.rename(target)
     shutil.rmtree(tree)
 
 
