@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 
@@ -86,3 +88,16 @@ def host_snapshot() -> dict:
         "rules": sorted(l for l in rules.splitlines() if l and not l.startswith(("#", ":"))),
         "nft tables": sorted(tables.splitlines()),
     }
+
+
+T = TypeVar("T")
+
+
+def until(probe: Callable[[], T], what: str, timeout: float = 15.0, every: float = 0.05) -> T:
+    """Poll `probe` until it returns something true, and return that: waiting for a state
+    rather than sleeping for it. Fails the test, saying `what`, after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := probe()):
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(every)
+    return value

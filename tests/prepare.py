@@ -28,14 +28,10 @@ def _timed(what: str, step: Callable[[], object]) -> bool:
 
 
 def _images() -> bool:
-    """The lab images and PyTorch's; True when they are there."""
-    from orchestrator.emulation import docker_engine, images
+    """The lab images and PyTorch's; True when they are there (the engine is started as a
+    lab's first use would; without one, _timed says why)."""
+    from orchestrator.emulation import images
 
-    try:
-        docker_engine.client()  # started if it is not running, as a lab's first use would
-    except Exception as exc:  # noqa: BLE001 - the docker tier says why too
-        print(f"  lab images: not prepared ({exc})", flush=True)
-        return False
     return _timed("lab images and PyTorch's", lambda: "built" if images.build_torch(lambda line: None) else "up to date")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from orchestrator.spec import lab_from_argument
 from orchestrator.spec.loader import validate
 from orchestrator.spec.timeline import Timeline
 from orchestrator.topology.partition import Host
+from tests.conftest import until
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +59,6 @@ def answers(hosts, lab, src: str, dsts: list[str]) -> dict[str, bool]:
     return {d: str(lab.topology.address_of(d)) in alive for d in dsts}
 
 
-def wait_until(condition, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
-        time.sleep(0.05)
-
-
 def test_a_fault_timeline_whose_links_cross_hosts(lab, monkeypatch):
     built, hosts, directory = lab
     topology, host_of = built.topology, built.placement.host_of
@@ -81,7 +74,7 @@ def test_a_fault_timeline_whose_links_cross_hosts(lab, monkeypatch):
         {"action": "link-down", "target": f"{a}-{b}", "at": 0.0, "for": 6.0},
         {"action": "server-crash", "target": crashed, "at": 0.0, "for": 6.0}]}, "exp.yaml")
     with TimelineRunner(built, plan(timeline, topology)) as run:
-        wait_until(lambda: len(built.state.active_faults()) == 2, "both faults applied")
+        until(lambda: len(built.state.active_faults()) == 2, "both faults applied")
         # cut at both ends, each on its own host
         assert host_of[a] != host_of[b]
         assert not up(hosts, built, a, link.a.interface) and not up(hosts, built, b, link.b.interface)
@@ -98,7 +91,7 @@ def test_a_fault_timeline_whose_links_cross_hosts(lab, monkeypatch):
     assert [(f["action"], f["applied"] is not None, f["undone"] is not None) for f in mirrored] == \
         [(f["action"], True, True) for f in built.state.fault_events()]
     assert host_fault_log(directory, other, built.name, monkeypatch) == []
-    wait_until(lambda: up(hosts, built, a, link.a.interface) and up(hosts, built, b, link.b.interface),
+    until(lambda: up(hosts, built, a, link.a.interface) and up(hosts, built, b, link.b.interface),
                "the cut link back at both ends")
     assert built.link_up(a, b) is True
-    wait_until(lambda: all(answers(hosts, built, src, others + [crashed]).values()), "every server answering again")
+    until(lambda: all(answers(hosts, built, src, others + [crashed]).values()), "every server answering again")

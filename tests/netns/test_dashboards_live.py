@@ -23,6 +23,7 @@ from orchestrator.faults.injector import Injector
 from orchestrator.monitoring import dashboards, monitor_down, monitor_up
 from orchestrator.deploy import lab_agents
 from orchestrator.control import driver, workloads
+from tests.conftest import until
 from tests.unit.test_dashboards import every_dashboard, panels
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
@@ -47,15 +48,12 @@ def api(url: str, path: str, **params) -> dict:
     return body["data"]
 
 
-def scraped(url: str, query: str, holds, within: float = 20.0) -> None:
+def scraped(url: str, query: str, holds) -> None:
     """Wait until Prometheus's latest value of `query` (one series) satisfies `holds`."""
-    deadline = time.monotonic() + within
-    while True:
+    def held() -> bool:
         result = api(url, "/api/v1/query", query=query)["result"]
-        if result and holds(float(result[0]["value"][1])):
-            return
-        assert time.monotonic() < deadline, f"{query} never held within {within:g} s: {result}"
-        time.sleep(0.2)
+        return bool(result) and holds(float(result[0]["value"][1]))
+    until(held, f"{query} as it should be", timeout=20.0, every=0.2)
 
 
 def finite(result: list[dict]) -> list[dict]:

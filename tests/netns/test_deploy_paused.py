@@ -19,6 +19,7 @@ from orchestrator.deploy import deploy, supervision
 from orchestrator.deploy.agents import endpoints
 from orchestrator.errors import DeployError
 from orchestrator.faults import Injector
+from tests.conftest import until
 
 
 def health(address: str) -> str:
@@ -33,13 +34,6 @@ def health(address: str) -> str:
 
 def state(pid: int) -> str:
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-
-
-def until(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -69,7 +63,7 @@ def test_deploy_over_stopped_agents_names_the_server_and_the_processes(lab):
     pid = int(os.popen(f"svstat {agent}").read().split("(pid ", 1)[1].split(")")[0])
     os.kill(pid, signal.SIGSTOP)
     try:
-        until(lambda: state(pid) == "T", "SIGSTOP did not stop the agent")
+        until(lambda: state(pid) == "T", "SIGSTOP did not stop the agent", timeout=10.0, every=0.02)
         started = time.monotonic()
         with pytest.raises(DeployError) as caught:
             deploy(lab)
@@ -80,7 +74,7 @@ def test_deploy_over_stopped_agents_names_the_server_and_the_processes(lab):
         assert f"`kill -CONT {pid}`" in text and "\n" not in text
     finally:
         os.kill(pid, signal.SIGCONT)
-    until(lambda: state(pid) != "T", "SIGCONT did not resume the agent")
+    until(lambda: state(pid) != "T", "SIGCONT did not resume the agent", timeout=10.0, every=0.02)
     assert [health(e.control) for e in deploy(lab).endpoints] == ["SERVING"] * 2
     # a pause by fault over running agents: the journal names it before any process is read
     fault_id = Injector(lab).inject("server-pause", "h1").fault.id

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from orchestrator.emulation.lab import largest_super_packet
 from orchestrator.emulation.journal import LabState
 from orchestrator.errors import LabExists, MissingFeature, NodeNotFound
 from orchestrator.spec import lab_from_argument
+from tests.conftest import until
 from tests.netns.probes import iperf3_mbit, l3_hops, traced_hops, tx_bytes, unreachable_pairs
 
 READY = sorted(Path(__file__).resolve().parents[2].joinpath("topologies").glob("*.yaml"))
@@ -358,15 +358,6 @@ def test_servers_connections_use_the_labs_tcp_settings_after_a_link_flap_too(mak
 
 
 _ALGORITHM = re.compile(r"^\s+(cubic|reno|bbr|dctcp|htcp|vegas)\b", re.M)
-
-
-def until(probe, what: str, within: float = 15.0):
-    """Poll `probe` until it returns something true; that value."""
-    deadline = time.monotonic() + within
-    while not (value := probe()):
-        assert time.monotonic() < deadline, f"{what}: not within {within:g} s"
-        time.sleep(0.1)
-    return value
 
 
 def test_cli_up_status_exec_down(tmp_path):
